@@ -1,0 +1,165 @@
+"""The application's handle on taskloom: submit goals, read them, wait for them, follow and cancel them."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from arq.connections import ArqRedis
+from pydantic import BaseModel, ConfigDict
+
+from .connection import connect
+from .events import EventLog
+from .jobs import Jobs, PlanJob
+from .keys import Keys
+from .schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, StoredPlan, TaskRecord
+from .store import AlreadyExists, NotFound, Store
+
+
+class WaitTimeout(TimeoutError):
+    def __init__(self, goal_id: str, state: str, timeout: float) -> None:
+        super().__init__(f"goal {goal_id} still {state} after {timeout:g} s")
+        self.goal_id = goal_id
+        self.state = state
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.goal_id, self.state, self.timeout))
+
+
+class GoalStatus(BaseModel):
+    """A goal with its current plan and every task's state."""
+
+    model_config = ConfigDict(frozen=True)
+
+    goal: GoalRecord
+    plan: StoredPlan | None
+    tasks: list[TaskRecord]
+
+
+def new_goal_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Client:
+    def __init__(self, redis: ArqRedis, keys: Keys, default_budget_tokens: int, events_maxlen: int = 10_000) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.default_budget_tokens = default_budget_tokens
+        self.store = Store(redis, keys, events_maxlen)
+        self.log = EventLog(redis, keys, events_maxlen)
+        self.jobs = Jobs(redis, keys)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        redis_url: str | None,
+        home: Path,
+        keys: Keys | None = None,
+        default_budget_tokens: int = 200_000,
+    ) -> AsyncIterator[Client]:
+        """A client on `redis_url`, or on the embedded server under `home` when it is None."""
+        async with connect(redis_url, home) as redis:
+            yield cls(redis, keys or Keys(), default_budget_tokens)
+
+    async def submit(self, goal: Goal | Mapping[str, Any] | str, goal_id: str | None = None) -> str:
+        """Validate, store and enqueue a goal; return its id.
+
+        Invalid input raises pydantic's `ValidationError` naming the field, and nothing is stored.
+        Passing your own `goal_id` makes submit idempotent: re-submitting the same goal under the
+        same id stores nothing new and re-enqueues its planner job if it never started (the job
+        id is deterministic, so this cannot plan twice).
+        """
+        if isinstance(goal, str):
+            goal = Goal(text=goal)
+        elif not isinstance(goal, Goal):
+            goal = Goal.model_validate(goal)
+        if goal_id is not None:
+            # Raises naming `id` if it is not a valid goal id.
+            GoalRecord.model_validate({"id": goal_id, "goal": goal, "budget_tokens": 1})
+        gid = goal_id or new_goal_id()
+        record = GoalRecord(id=gid, goal=goal, budget_tokens=goal.budget_tokens or self.default_budget_tokens)
+        created = await self.store.create_goal(record, {"text": goal.text[:200]})
+        if not created:
+            existing = await self.store.get_goal(gid)
+            if existing.goal != goal:
+                raise AlreadyExists("goal", gid)
+        # Stored first, then enqueued: if we crash in between, the planner's reconciler finds the
+        # goal still `submitted` and enqueues it (see `reconcile`).
+        await self.jobs.enqueue(PlanJob(goal_id=gid))
+        return gid
+
+    async def get(self, goal_id: str) -> GoalRecord:
+        self._check_id(goal_id)
+        return await self.store.get_goal(goal_id)
+
+    async def status(self, goal_id: str) -> GoalStatus:
+        goal = await self.get(goal_id)
+        plan = await self.store.get_plan(goal_id) if goal.plan_version else None
+        tasks = await self.store.get_tasks(goal_id)
+        return GoalStatus(goal=goal, plan=plan, tasks=list(tasks.values()))
+
+    async def wait(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
+        """Block until the goal ends (succeeded, failed, cancelled, budget_exhausted)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        after: str | None = None
+        while True:
+            # Read state after noting the stream position, so no terminal event slips between them.
+            tail = await self.redis.xrevrange(self.keys.goal_events(goal_id), count=1)
+            if tail:
+                pos = tail[0][0]
+                after = pos.decode() if isinstance(pos, bytes) else str(pos)
+            goal = await self.get(goal_id)
+            if goal.terminal:
+                return goal
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WaitTimeout(goal_id, goal.state.value, timeout or 0)
+            block = 1000 if left is None else max(1, min(1000, int(left * 1000)))
+            await self.log.read(goal_id, after=after, count=100, block_ms=block)
+
+    async def events(self, goal_id: str, after: str | None = None, follow: bool = True) -> AsyncIterator[Event]:
+        """The goal's events after position `after`; with `follow`, keeps going until the goal ends."""
+        await self.get(goal_id)
+        if not follow:
+            for event in await self.log.read(goal_id, after=after):
+                yield event
+            return
+        while True:
+            batch = await self.log.read(goal_id, after=after, block_ms=500)
+            for event in batch:
+                after = event.position
+                yield event
+            if not batch and (await self.get(goal_id)).terminal:
+                # Drain anything written between the read and the state check.
+                for event in await self.log.read(goal_id, after=after):
+                    yield event
+                return
+
+    async def cancel(self, goal_id: str, reason: str = "cancelled by request") -> bool:
+        """Cancel a goal and its unfinished tasks. False if it was already cancelled.
+
+        Raises `IllegalTransition` if the goal already ended otherwise.
+        """
+        self._check_id(goal_id)
+        return await self.store.cancel_goal(goal_id, reason)
+
+    async def reconcile(self, older_than: float) -> int:
+        """Re-enqueue the planner job of goals still `submitted` after `older_than` seconds."""
+        cutoff = datetime.now(UTC) - timedelta(seconds=older_than)
+        n = 0
+        for gid in await self.store.submitted_before(cutoff):
+            n += await self.jobs.enqueue(PlanJob(goal_id=gid))
+        return n
+
+    @staticmethod
+    def _check_id(goal_id: str) -> None:
+        if not re.match(GOAL_ID_PATTERN, goal_id):
+            raise NotFound("goal", goal_id)

@@ -1,0 +1,71 @@
+"""Event streams: one capped Redis Stream per goal, plus one global stream for every goal.
+
+An event's `position` is its stream id; reading "after" a position resumes exactly where a watcher
+stopped, across restarts. State changes emit their event inside the same Lua script that makes the
+change (see `bus.store`), so the stream never disagrees with the state it reports.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from redis.asyncio import Redis
+
+from .keys import Keys
+from .schemas import Event
+
+FIELD = "e"  # each stream entry holds one field: the event as JSON
+
+
+def encode(event: Event) -> str:
+    return event.model_dump_json(exclude={"position"})
+
+
+def decode(position: bytes | str, fields: dict[Any, Any]) -> Event:
+    raw = fields.get(FIELD.encode()) if FIELD.encode() in fields else fields.get(FIELD)
+    if raw is None:
+        raise ValueError(f"stream entry {position!r} has no {FIELD!r} field")
+    pos = position.decode() if isinstance(position, bytes) else position
+    return Event.model_validate({**json.loads(raw), "position": pos})
+
+
+class EventLog:
+    def __init__(self, redis: Redis, keys: Keys, maxlen: int = 10_000) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.maxlen = maxlen
+
+    async def emit(self, event: Event) -> str:
+        """Append to the goal's stream and the global stream (atomically); return the goal position."""
+        body = encode(event)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(self.keys.goal_events(event.goal_id), {FIELD: body}, maxlen=self.maxlen, approximate=True)
+            pipe.xadd(self.keys.global_events(), {FIELD: body}, maxlen=self.maxlen * 10, approximate=True)
+            pos, _ = await pipe.execute()
+        return pos.decode() if isinstance(pos, bytes) else str(pos)
+
+    async def read(
+        self, goal_id: str | None, after: str | None = None, count: int = 1000, block_ms: int | None = None
+    ) -> list[Event]:
+        """Events after `after` (exclusive; None = from the start). `goal_id=None` reads the global stream.
+
+        With `block_ms`, waits up to that long for at least one new event.
+        """
+        key = self.keys.global_events() if goal_id is None else self.keys.goal_events(goal_id)
+        start = after or "0-0"
+        if block_ms is None:
+            rows = await self.redis.xrange(key, min=f"({start}" if after else "-", count=count)
+        else:
+            reply = await self.redis.xread({key: start}, count=count, block=block_ms)
+            rows = reply[0][1] if reply else []
+        return [decode(pos, fields) for pos, fields in rows]
+
+    async def follow(self, goal_id: str | None, after: str | None = None, block_ms: int = 1000) -> AsyncIterator[Event]:
+        """Every event after `after`, then new ones as they come, forever (cancel to stop)."""
+        while True:
+            batch = await self.read(goal_id, after=after, block_ms=block_ms)
+            for event in batch:
+                after = event.position
+                yield event

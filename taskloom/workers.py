@@ -1,0 +1,180 @@
+"""arq workers, one per role, each on its own queue; `run_workers` runs one or several in a process.
+
+Each job handler is wrapped once here: its payload is validated, the log context is bound
+(role, job_id, goal_id, task_id, attempt) and start/end/failure are logged. Roles stay plain async
+functions `handler(runtime, payload)`.
+
+Shutdown: on SIGTERM/SIGINT a process stops taking jobs, lets running jobs finish for
+`shutdown_grace` seconds, then cancels what is left; arq re-runs those after their lock expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import structlog
+from arq.connections import ArqRedis
+from arq.worker import Function, Worker, func
+from pydantic import ValidationError
+
+import critic.handlers as critic
+import executor.handlers as executor
+import planner.handlers as planner
+from bus.client import Client
+from bus.connection import connect
+from bus.jobs import JobPayload, parse_payload
+from bus.keys import ROLES, Keys
+from bus.runtime import Runtime
+
+from .settings import Settings
+
+log = structlog.get_logger("taskloom.worker")
+
+Handler = Callable[[Runtime, Any], Awaitable[None]]
+
+HANDLERS: dict[str, dict[str, Handler]] = {
+    "planner": {"plan": planner.plan, "advance": planner.advance, "replan": planner.replan},
+    "executor": {"execute": executor.execute},
+    "critic": {"review": critic.review, "review_goal": critic.review_goal},
+}
+
+
+def keys_for(settings: Settings) -> Keys:
+    return Keys(
+        prefix=settings.key_prefix,
+        planner_queue_name=settings.planner_queue,
+        executor_queue_name=settings.executor_queue,
+        critic_queue_name=settings.critic_queue,
+    )
+
+
+def _job_function(role: str, name: str, handler: Handler) -> Function:
+    async def run(ctx: dict[str, Any], raw: Any) -> None:
+        base = {"role": role, "job_id": ctx.get("job_id"), "job_try": ctx.get("job_try")}
+        try:
+            payload: JobPayload = parse_payload(name, raw)
+        except ValidationError as exc:
+            # A malformed job can never succeed: say what is wrong and drop it, do not retry it.
+            log.error("job.invalid_payload", **base, function=name, errors=exc.errors(include_url=False))
+            return
+        fields = payload.model_dump(include={"goal_id", "task_id", "attempt"})
+        with structlog.contextvars.bound_contextvars(**base, **fields):
+            started = time.perf_counter()
+            log.info("job.start", function=name)
+            try:
+                await handler(ctx["runtime"], payload)
+            except asyncio.CancelledError:
+                log.warning("job.cancelled", function=name, seconds=round(time.perf_counter() - started, 4))
+                raise
+            except Exception:
+                log.exception("job.failed", function=name, seconds=round(time.perf_counter() - started, 4))
+                raise
+            log.info("job.end", function=name, seconds=round(time.perf_counter() - started, 4))
+
+    run.__qualname__ = f"{role}.{name}"
+    return func(run, name=name)
+
+
+def worker_settings(role: str, settings: Settings) -> dict[str, Any]:
+    """The arq `WorkerSettings` of one role (as a dict, which arq accepts)."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    keys = keys_for(settings)
+    return {
+        "functions": [_job_function(role, n, h) for n, h in HANDLERS[role].items()],
+        "queue_name": keys.queue(role),
+        "poll_delay": settings.poll_delay,
+        "max_jobs": getattr(settings, f"{role}_concurrency"),
+        "job_timeout": settings.job_timeout,
+        "keep_result": 3600,  # a result key blocks re-enqueueing the same deterministic job id
+        "health_check_interval": 5,
+        "health_check_key": keys.health_check(role),
+        "handle_signals": False,  # one handler for the whole process, see run_workers
+    }
+
+
+def build_workers(
+    roles: Sequence[str], settings: Settings, redis: ArqRedis, burst: bool = False
+) -> tuple[Runtime, list[Worker]]:
+    runtime = Runtime.build(redis, keys_for(settings), settings.events_maxlen)
+    workers = [
+        Worker(
+            **worker_settings(role, settings),
+            redis_pool=redis,
+            burst=burst,
+            ctx={"runtime": runtime, "role": role},
+        )
+        for role in roles
+    ]
+    return runtime, workers
+
+
+async def _reconcile_forever(runtime: Runtime, settings: Settings) -> None:
+    client = Client(runtime.redis, runtime.keys, settings.default_budget_tokens, settings.events_maxlen)
+    while True:
+        try:
+            n = await client.reconcile(settings.reconcile_after)
+            if n:
+                log.warning("reconcile.requeued", goals=n)
+        except Exception:
+            log.exception("reconcile.failed")
+        await asyncio.sleep(settings.reconcile_after / 2)
+
+
+async def run_workers(
+    roles: Sequence[str],
+    settings: Settings,
+    *,
+    burst: bool = False,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run the workers of `roles` in this process until `stop` is set, a signal arrives, or (burst) the queues drain."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    try:
+        async with connect(settings.redis_url, settings.home) as redis:
+            runtime, workers = build_workers(roles, settings, redis, burst)
+            log.info("worker.started", roles=list(roles), poll_delay=settings.poll_delay, embedded=settings.embedded)
+            mains = [asyncio.create_task(w.main(), name=f"arq-{r}") for w, r in zip(workers, roles, strict=True)]
+            side = (
+                [] if burst or "planner" not in roles else [asyncio.create_task(_reconcile_forever(runtime, settings))]
+            )
+            stopper = asyncio.create_task(stop.wait())
+            if burst:
+                await asyncio.wait(mains, return_when=asyncio.ALL_COMPLETED)
+            else:
+                await asyncio.wait([*mains, stopper], return_when=asyncio.FIRST_COMPLETED)
+            await _shutdown(workers, mains, [*side, stopper], settings.shutdown_grace)
+            await redis.delete(*(runtime.keys.health_check(r) for r in roles))
+            for task in mains:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            log.info("worker.stopped", roles=list(roles), jobs_complete=sum(w.jobs_complete for w in workers))
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+async def _shutdown(
+    workers: list[Worker], mains: list[asyncio.Task[None]], side: list[asyncio.Task[Any]], grace: float
+) -> None:
+    for w in workers:
+        w.allow_pick_jobs = False
+    running = [t for w in workers for t in w.tasks.values() if not t.done()]
+    if running:
+        log.info("worker.draining", jobs=len(running), grace=grace)
+        await asyncio.wait(running, timeout=grace)
+    for t in [*mains, *side, *(t for w in workers for t in w.tasks.values())]:
+        if not t.done():
+            t.cancel()
+    await asyncio.gather(*mains, *side, *(t for w in workers for t in w.tasks.values()), return_exceptions=True)
