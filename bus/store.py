@@ -91,9 +91,9 @@ class AlreadyExists(StoreError):
         return (type(self), (self.what, self.ident))
 
 
-# KEYS: entity hash, goal stream, global stream
+# KEYS: entity hash, goal stream, global stream, [a sorted set to leave on any move]
 # ARGV: target, allowed sources (comma-separated), expected attempt ('' = any), event JSON ('' = none),
-#       maxlen, then field/value pairs to set.
+#       maxlen, member to remove from KEYS[4] ('' = none), then field/value pairs to set.
 # Returns {'ok', previous} | {'same', state} | {'missing'} | {'illegal', current} | {'stale', attempt}
 _TRANSITION = """
 local cur = redis.call('HGET', KEYS[1], 'state')
@@ -109,9 +109,10 @@ for s in string.gmatch(ARGV[2], '[^,]+') do
 end
 if not allowed then return {'illegal', cur} end
 redis.call('HSET', KEYS[1], 'state', ARGV[1])
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
 end
+if KEYS[4] and ARGV[6] ~= '' then redis.call('ZREM', KEYS[4], ARGV[6]) end
 if ARGV[4] ~= '' then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[4])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', tonumber(ARGV[5]) * 10, '*', 'e', ARGV[4])
@@ -285,11 +286,17 @@ class Store:
             goal_id=goal_id,
             data={"state": target.value, **({"reason": reason} if reason else {}), **(data or {})},
         )
+        # Any move out of `submitted` also takes the goal off the reconciler's list, atomically.
         out = await self._run_transition(
-            self.keys.goal(goal_id), goal_id, target.value, goal_sources(target), None, event, patch
+            self.keys.goal(goal_id),
+            goal_id,
+            target.value,
+            goal_sources(target),
+            None,
+            event,
+            patch,
+            leave=(self.keys.submitted_index(), goal_id),
         )
-        if out[0] == "ok" and _s(out[1]) == GoalState.SUBMITTED.value:
-            await self.redis.zrem(self.keys.submitted_index(), goal_id)
         return self._outcome(out, f"goal {goal_id}", target.value)
 
     async def submitted_before(self, cutoff: datetime, limit: int = 100) -> list[str]:
@@ -470,6 +477,7 @@ class Store:
         expected_attempt: int | None,
         event: Event,
         patch: dict[str, str | int],
+        leave: tuple[str, str] | None = None,
     ) -> list[Any]:
         args: list[str | int] = [
             target,
@@ -477,10 +485,12 @@ class Store:
             "" if expected_attempt is None else str(expected_attempt),
             ev.encode(event),
             self.maxlen,
+            leave[1] if leave else "",
         ]
         for k, v in patch.items():
             args += [k, v]
-        out: list[Any] = await self._transition(keys=[key, *self._streams(goal_id)], args=args)
+        keys = [key, *self._streams(goal_id), *([leave[0]] if leave else [])]
+        out: list[Any] = await self._transition(keys=keys, args=args)
         return out
 
     @staticmethod

@@ -72,6 +72,8 @@ def _with_client(fn: Callable[[Client], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(go())
+    except WaitTimeout:
+        raise  # a TimeoutError, hence an OSError: not a connection problem; the caller reports it
     except NotFound as exc:
         _fail(EXIT_NOT_FOUND, str(exc))
     except ValidationError as exc:

@@ -1,0 +1,3 @@
+from taskloom.cli import main
+
+main()

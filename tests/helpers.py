@@ -1,0 +1,44 @@
+"""Small helpers shared by tests (not fixtures)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+TASKLOOM = [sys.executable, "-m", "taskloom"]
+
+
+def run_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TASKLOOM, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10, every: float = 0.02) -> None:
+    """Wait until `check()` is true; fail the test with a clear message otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(every)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def live_redis_servers_under(home: Path) -> list[int]:
+    """PIDs of live (not zombie) redis-server processes working in `home` (redis chdirs to its `dir`)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            comm = Path(f"/proc/{entry}/comm").read_text().strip()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        if comm.startswith("redis-server") and stat.rsplit(")", 1)[-1].split()[0] != "Z" and cwd == str(home):
+            pids.append(int(entry))
+    return pids

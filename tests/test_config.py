@@ -1,0 +1,69 @@
+"""Settings from TASKLOOM_* variables, and key naming under a prefix."""
+
+from __future__ import annotations
+
+import pytest
+
+from bus.keys import Keys
+from taskloom.settings import SettingsError, load_settings
+
+
+def test_defaults_load_with_an_empty_environment() -> None:
+    """No variables set: embedded Redis, the demo model, a low poll delay."""
+    s = load_settings()
+    assert s.embedded and s.redis_url is None and s.model == "demo" and s.poll_delay <= 0.1
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "expect"),
+    [
+        ("TASKLOOM_POLL_DELAY", "soon", "TASKLOOM_POLL_DELAY"),
+        ("TASKLOOM_POLL_DELAY", "-1", "greater than 0"),
+        ("TASKLOOM_REDIS_URL", "http://localhost:6379", "redis://"),
+        ("TASKLOOM_EXECUTOR_CONCURRENCY", "0", "TASKLOOM_EXECUTOR_CONCURRENCY"),
+        ("TASKLOOM_DEFAULT_BUDGET_TOKENS", "lots", "TASKLOOM_DEFAULT_BUDGET_TOKENS"),
+        ("TASKLOOM_KEY_PREFIX", "has space", "TASKLOOM_KEY_PREFIX"),
+    ],
+)
+def test_a_bad_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, var: str, value: str, expect: str) -> None:
+    """Each bad value stops start-up with a message naming the variable and what was expected."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SettingsError) as exc:
+        load_settings()
+    assert var in str(exc.value) and expect in str(exc.value)
+
+
+def test_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values given in the environment reach the settings, typed."""
+    monkeypatch.setenv("TASKLOOM_REDIS_URL", "redis://127.0.0.1:6379/3")
+    monkeypatch.setenv("TASKLOOM_POLL_DELAY", "0.2")
+    s = load_settings()
+    assert s.redis_url == "redis://127.0.0.1:6379/3" and s.poll_delay == 0.2 and not s.embedded
+
+
+def test_every_key_carries_the_prefix() -> None:
+    """Two deployments with different prefixes share no key, queue or job id."""
+    a, b = Keys(prefix="a:"), Keys(prefix="b:")
+
+    def all_keys(k: Keys) -> set[str]:
+        return {
+            k.queue("planner"),
+            k.queue("executor"),
+            k.queue("critic"),
+            k.health_check("critic"),
+            k.job_id("execute", "g", "t", 1),
+            k.goal("g"),
+            k.tasks("g"),
+            k.plan("g", 1),
+            k.results("g"),
+            k.goal_events("g"),
+            k.goal_index(),
+            k.submitted_index(),
+            k.global_events(),
+            k.ledger("g"),
+        }
+
+    assert all(x.startswith("a:") for x in all_keys(a))
+    assert not all_keys(a) & all_keys(b)
+    with pytest.raises(ValueError, match="unknown role"):
+        a.queue("janitor")

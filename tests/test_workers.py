@@ -1,0 +1,100 @@
+"""Worker plumbing: arq workers per role on real Redis, in-process and as real processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import structlog
+from arq.connections import ArqRedis
+from helpers import TASKLOOM, eventually
+
+from bus.client import Client
+from bus.jobs import PlanJob
+from bus.keys import Keys
+from bus.schemas import GoalState
+from taskloom.settings import Settings
+from taskloom.workers import run_workers, worker_settings
+
+
+async def test_planner_worker_claims_a_submitted_goal_with_job_context_in_logs(
+    redis: ArqRedis, keys: Keys, settings: Settings
+) -> None:
+    """A burst planner worker runs the plan job: the goal moves to planning; log lines carry goal/job ids."""
+    client = Client(redis, keys, default_budget_tokens=1000)
+    gid = await client.submit("hello")
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        await run_workers(["planner"], settings, burst=True)
+    assert (await client.get(gid)).state is GoalState.PLANNING
+    claimed = [e for e in logs if e["event"] == "plan.claimed"]
+    assert len(claimed) == 1
+    assert claimed[0]["goal_id"] == gid and claimed[0]["role"] == "planner"
+    assert claimed[0]["job_id"] == client.jobs.job_id(PlanJob(goal_id=gid))
+
+
+async def test_a_job_with_an_invalid_payload_is_dropped_with_a_clear_log(
+    redis: ArqRedis, keys: Keys, settings: Settings
+) -> None:
+    """A payload that fails validation is logged naming the field and does not crash the worker."""
+    await redis.enqueue_job("plan", {"goal_id": "not a valid id!"}, _queue_name=keys.queue("planner"))
+    await redis.enqueue_job("plan", {"goal": "x"}, _queue_name=keys.queue("planner"))
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        await run_workers(["planner"], settings, burst=True)
+    bad = [e for e in logs if e["event"] == "job.invalid_payload"]
+    assert len(bad) == 2
+    assert {str(err["loc"][0]) for e in bad for err in e["errors"]} >= {"goal_id", "goal"}
+
+
+def test_worker_settings_put_each_role_on_its_own_queue(settings: Settings) -> None:
+    """planner, executor and critic listen on three distinct prefixed queues with our poll delay."""
+    queues = {worker_settings(r, settings)["queue_name"] for r in ("planner", "executor", "critic")}
+    assert len(queues) == 3 and all(q.startswith(settings.key_prefix) for q in queues)
+    assert worker_settings("executor", settings)["poll_delay"] == settings.poll_delay
+
+
+async def _exited(proc: subprocess.Popen[str]) -> bool:
+    return proc.poll() is not None
+
+
+async def test_worker_process_runs_jobs_and_stops_cleanly_on_sigterm(
+    redis: ArqRedis, keys: Keys, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`taskloom worker all` picks up a goal, heartbeats, and on SIGTERM exits 0 and clears its heartbeat."""
+    out = (tmp_path / "worker.log").open("w+")
+    # Its output goes to a file, not a pipe, so the child can never block on a full pipe.
+    proc = subprocess.Popen(  # noqa: ASYNC220 - starting the child is instant; it runs on its own
+        [*TASKLOOM, "worker", "all"], env=subprocess_env, stdout=out, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        client = Client(redis, keys, default_budget_tokens=1000)
+        gid = await client.submit("hello")
+
+        async def planning() -> bool:
+            return (await client.get(gid)).state is GoalState.PLANNING
+
+        await eventually(planning, timeout=20)
+
+        async def heartbeat() -> bool:
+            return bool(await redis.exists(keys.health_check("executor")))
+
+        await eventually(heartbeat, timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        await eventually(lambda: _exited(proc), timeout=30)
+        out.seek(0)
+        stdout = out.read()
+        assert proc.returncode == 0, stdout[-2000:]
+        assert time.monotonic() - started < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+    lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
+    events = [x["event"] for x in lines]
+    assert "worker.started" in events and "worker.stopped" in events
+    assert any(x.get("goal_id") == gid and x["event"] == "plan.claimed" for x in lines)
+    assert not await redis.exists(keys.health_check("executor"))
