@@ -15,6 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+# Token usage is the model port's own type: one definition for the wire, the ledger and results.
+from llm.types import Usage
+
 # Task ids appear in Redis keys, job ids and tool-call idempotency keys: keep them plain.
 TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 GOAL_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -153,26 +156,7 @@ class TaskRecord(_Model):
     updated_at: datetime = Field(default_factory=utcnow)
 
 
-class Usage(_Model):
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
-    cache_read_tokens: int = Field(default=0, ge=0)
-    cache_write_tokens: int = Field(default=0, ge=0)
-
-    @property
-    def total(self) -> int:
-        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
-            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
-        )
-
-
-StopReason = Literal[
+TaskStopReason = Literal[
     "answered",
     "max_steps",
     "deadline",
@@ -192,7 +176,7 @@ class TaskResult(_Model):
     task_id: TaskId
     attempt: int = Field(ge=1)
     answer: str = ""
-    stop_reason: StopReason
+    stop_reason: TaskStopReason
     steps: int = Field(default=0, ge=0)
     tool_calls: int = Field(default=0, ge=0)
     usage: Usage = Field(default_factory=Usage)

@@ -1,0 +1,9 @@
+"""taskloom: AI agents run as a fleet of workers (planner, executors, critic) over Redis queues.
+
+The public names an application needs are re-exported here.
+"""
+
+from bus.client import Client, GoalStatus, WaitTimeout
+from bus.schemas import Goal, GoalRecord, GoalState, Plan, TaskSpec, Verdict
+
+__all__ = ["Client", "Goal", "GoalRecord", "GoalState", "GoalStatus", "Plan", "TaskSpec", "Verdict", "WaitTimeout"]

@@ -107,7 +107,7 @@ def build_workers(
             **worker_settings(role, settings),
             redis_pool=redis,
             burst=burst,
-            ctx={"runtime": runtime, "role": role},
+            ctx={"runtime": runtime, "role": role, "settings": settings},
         )
         for role in roles
     ]

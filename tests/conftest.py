@@ -17,6 +17,7 @@ from arq.connections import ArqRedis, create_pool
 
 from bus.connection import EmbeddedRedis, redis_settings
 from bus.keys import Keys
+from llm.testing.guard import install_network_guard
 from taskloom.settings import Settings
 
 # No test may reach a real provider: drop any key or URL the developer's shell may carry.
@@ -24,6 +25,8 @@ for _name in [n for n in os.environ if n.startswith("ANTHROPIC_")]:
     del os.environ[_name]
 for _name in [n for n in os.environ if n.startswith("TASKLOOM_") and n != "TASKLOOM_TEST_REDIS_URL"]:
     del os.environ[_name]
+# And any connection to a non-loopback address (a real provider, say) fails the call loudly.
+install_network_guard()
 
 
 @pytest.fixture(scope="session")
