@@ -1,0 +1,292 @@
+"""The Anthropic adapter: `ModelPort` over the official SDK's `AsyncAnthropic` client.
+
+Retries belong to the SDK (`max_retries`; it backs off exponentially and honours `retry-after`,
+`retry-after-ms` and `x-should-retry`). This adapter adds no second backoff: when the SDK gives up,
+the failure is mapped once to an `llm.errors` type and the caller (an arq job) decides what next.
+
+Error mapping (after the SDK's retries):
+
+- 408, 409, 429, 5xx and 529 (overloaded) -> `RetryableModelError(status, request_id, retry_after)`
+  (an explicit `x-should-retry: false` from the server makes it terminal);
+- any other status -> `TerminalModelError`;
+- the connection could not be opened (refused, DNS, connect or pool timeout) on every attempt ->
+  `ModelConnectionError` (nothing reached the provider);
+- read timeout, or the connection dropped after the request was sent -> `ModelTimeoutError`
+  (the provider may have done the work: `maybe_spent=True`);
+- a success status whose body cannot be parsed -> `RetryableModelError(maybe_spent=True)`.
+
+`maybe_spent` is True whenever any attempt, not only the last, may have been billed: attempts are
+observed through an SDK middleware.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+import httpx2
+from anthropic._request import APIRequest
+from anthropic._response import AsyncAPIResponse
+
+from llm.errors import (
+    ModelConfigError,
+    ModelConnectionError,
+    ModelError,
+    ModelTimeoutError,
+    RetryableModelError,
+    TerminalModelError,
+)
+from llm.pairing import check_tool_pairing
+from llm.toolnames import ToolNameMap
+from llm.types import (
+    ContentBlock,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
+
+API_KEY_ENV = "ANTHROPIC_API_KEY"
+BASE_URL_ENV = "ANTHROPIC_BASE_URL"
+MAX_CACHE_MARKERS = 4  # the Messages API refuses more than 4 cache_control breakpoints
+_EPHEMERAL = {"type": "ephemeral"}
+
+# Exceptions whose cause means the request never left this machine.
+_NOT_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
+
+
+# -- request building (pure) -------------------------------------------------------------------
+
+
+def tool_name_map(request: ModelRequest) -> ToolNameMap:
+    """The name map for every tool name the request mentions: offered tools, then history calls."""
+    names = [t.name for t in request.tools]
+    names += [b.name for m in request.messages for b in m.content if isinstance(b, ToolUseBlock)]
+    return ToolNameMap(names)
+
+
+def _block(block: ContentBlock, names: ToolNameMap) -> dict[str, Any]:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ToolUseBlock):
+        return {"type": "tool_use", "id": block.id, "name": names.to_provider(block.name), "input": block.input}
+    if isinstance(block, ToolResultBlock):
+        out: dict[str, Any] = {"type": "tool_result", "tool_use_id": block.tool_use_id, "content": block.content}
+        if block.is_error:
+            out["is_error"] = True
+        return out
+    return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+
+
+def build_params(request: ModelRequest, model: str, names: ToolNameMap) -> dict[str, Any]:
+    """The keyword arguments of `messages.create` for `request` (no I/O; `metadata` is not sent).
+
+    With `request.cache`, cache breakpoints go on the last tool (caches the tool list), the system
+    block, and the last block of the latest user turn: at most 3 of the 4 the API allows.
+    """
+    messages: list[dict[str, Any]] = [
+        {"role": m.role, "content": [_block(b, names) for b in m.content]} for m in request.messages
+    ]
+    tools: list[dict[str, Any]] = [
+        {"name": names.to_provider(t.name), "description": t.description, "input_schema": t.input_schema}
+        for t in request.tools
+    ]
+    params: dict[str, Any] = {"model": model, "max_tokens": request.max_tokens, "messages": messages}
+    if request.system:
+        params["system"] = [{"type": "text", "text": request.system}]
+    if tools:
+        params["tools"] = tools
+    if request.stop_sequences:
+        params["stop_sequences"] = list(request.stop_sequences)
+    choice = request.tool_choice
+    if choice is not None:
+        wire_choice: dict[str, Any] = {"type": choice.type}
+        if choice.type == "tool" and choice.name is not None:
+            wire_choice["name"] = names.to_provider(choice.name)
+        if choice.type != "none" and choice.disable_parallel:
+            wire_choice["disable_parallel_tool_use"] = True
+        params["tool_choice"] = wire_choice
+
+    if request.cache:
+        if tools:
+            tools[-1]["cache_control"] = dict(_EPHEMERAL)
+        if "system" in params:
+            params["system"][-1]["cache_control"] = dict(_EPHEMERAL)
+        last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+        if last_user is not None and last_user["content"][-1]["type"] != "thinking":
+            last_user["content"][-1]["cache_control"] = dict(_EPHEMERAL)
+    markers = count_cache_markers(params)
+    assert markers <= MAX_CACHE_MARKERS, f"{markers} cache_control markers; the API allows {MAX_CACHE_MARKERS}"
+    return params
+
+
+def count_cache_markers(value: Any) -> int:
+    """How many `cache_control` keys a wire request (or any JSON value) holds."""
+    if isinstance(value, dict):
+        return int("cache_control" in value) + sum(count_cache_markers(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(count_cache_markers(v) for v in value)
+    return 0
+
+
+# -- response and error mapping (pure) ---------------------------------------------------------
+
+
+def to_response(message: anthropic.types.Message, names: ToolNameMap, model: str) -> ModelResponse:
+    request_id = getattr(message, "_request_id", None)
+    if message.stop_reason is None:
+        raise TerminalModelError("the provider's response has no stop_reason", request_id=request_id)
+    content: list[ContentBlock] = []
+    for block in message.content:
+        if block.type == "text":
+            content.append(TextBlock(text=block.text))
+        elif block.type == "tool_use":
+            content.append(ToolUseBlock(id=block.id, name=names.to_ours(block.name), input=dict(block.input)))
+        elif block.type == "thinking":
+            content.append(ThinkingBlock(thinking=block.thinking, signature=block.signature))
+        # Other block types (server tools, redacted thinking) need features we never enable.
+    usage = message.usage
+    stop_reason: StopReason = message.stop_reason
+    return ModelResponse(
+        content=content,
+        stop_reason=stop_reason,
+        usage=Usage(
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cache_read_tokens=usage.cache_read_input_tokens or 0,
+            cache_write_tokens=usage.cache_creation_input_tokens or 0,
+        ),
+        request_id=request_id,
+        model=message.model or model,
+    )
+
+
+@dataclass
+class _Attempts:
+    """What each HTTP attempt of one call did, recorded by the middleware."""
+
+    maybe_billed: bool = False
+    outcomes: list[str] = field(default_factory=list)
+
+
+_ATTEMPTS: contextvars.ContextVar[_Attempts | None] = contextvars.ContextVar("llm_anthropic_attempts", default=None)
+
+
+async def _record_attempt(request: APIRequest, call_next: Any) -> AsyncAPIResponse[Any]:
+    attempts = _ATTEMPTS.get()
+    try:
+        response: AsyncAPIResponse[Any] = await call_next(request)
+    except anthropic.APIConnectionError as err:
+        if attempts is not None:
+            not_sent = isinstance(err.__cause__, _NOT_SENT)
+            attempts.outcomes.append("not sent" if not_sent else "no response")
+            attempts.maybe_billed |= not not_sent
+        raise
+    if attempts is not None:
+        status = response.http_response.status_code
+        attempts.outcomes.append(str(status))
+        attempts.maybe_billed |= status < 400
+    return response
+
+
+def _retry_after(headers: httpx2.Headers) -> float | None:
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            return float(headers[name]) * scale
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def map_error(err: anthropic.AnthropicError, maybe_billed: bool) -> ModelError:
+    """The `llm.errors` type for an SDK failure that survived the SDK's retries."""
+    if isinstance(err, anthropic.APIStatusError):
+        status = err.status_code
+        should_retry = err.response.headers.get("x-should-retry")
+        retryable = status in (408, 409, 429) or status >= 500
+        if should_retry in ("true", "false"):
+            retryable = should_retry == "true"
+        detail = err.api_message or err.message
+        kwargs: dict[str, Any] = {"status": status, "request_id": err.request_id, "maybe_spent": maybe_billed}
+        if retryable:
+            return RetryableModelError(
+                f"provider error {status}: {detail}", retry_after=_retry_after(err.response.headers), **kwargs
+            )
+        return TerminalModelError(f"provider refused the request ({status}): {detail}", **kwargs)
+    if isinstance(err, anthropic.APITimeoutError) and not isinstance(err.__cause__, _NOT_SENT):
+        return ModelTimeoutError("no response from the provider before the timeout")
+    if isinstance(err, anthropic.APIConnectionError):
+        if maybe_billed or not isinstance(err.__cause__, _NOT_SENT):
+            return ModelTimeoutError(f"the connection failed after the request was sent: {err.__cause__!r}")
+        return ModelConnectionError(f"could not connect to the provider: {err.__cause__!r}")
+    if isinstance(err, anthropic.APIResponseValidationError):
+        return RetryableModelError(
+            f"the provider's response does not match the schema: {err.message}",
+            status=err.status_code,
+            maybe_spent=True,
+        )
+    return TerminalModelError(f"{type(err).__name__}: {err}", maybe_spent=maybe_billed)
+
+
+# -- the adapter ------------------------------------------------------------------------------
+
+
+class AnthropicModel:
+    """`ModelPort` for Claude models over `anthropic.AsyncAnthropic` (one client, reused)."""
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_retries: int = 2,
+        timeout: float = 60.0,
+        strict_validation: bool = False,
+    ) -> None:
+        key = api_key or os.environ.get(API_KEY_ENV)
+        if not key:
+            raise ModelConfigError(
+                f"no Anthropic API key: set {API_KEY_ENV} or pass api_key= (or use the offline 'demo' model)"
+            )
+        self.model = model
+        self.base_url = base_url or os.environ.get(BASE_URL_ENV) or None
+        self._client = anthropic.AsyncAnthropic(
+            api_key=key,
+            base_url=self.base_url,
+            max_retries=max_retries,
+            timeout=httpx2.Timeout(timeout, connect=min(timeout, 5.0)),
+            middleware=[_record_attempt],
+            _strict_response_validation=strict_validation,
+        )
+
+    def __repr__(self) -> str:
+        return f"AnthropicModel(model={self.model!r}, base_url={self.base_url!r})"
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        check_tool_pairing(request.messages)
+        names = tool_name_map(request)
+        params = build_params(request, self.model, names)
+        attempts = _Attempts()
+        token = _ATTEMPTS.set(attempts)
+        try:
+            message = await self._client.messages.create(**params)
+        except anthropic.AnthropicError as err:
+            raise map_error(err, attempts.maybe_billed) from err
+        except ValueError as err:  # a 2xx body that is not JSON, or not a Message (JSONDecodeError...)
+            raise RetryableModelError(f"the provider's response could not be parsed: {err}", maybe_spent=True) from err
+        finally:
+            _ATTEMPTS.reset(token)
+        return to_response(message, names, self.model)
+
+    async def aclose(self) -> None:
+        await self._client.close()

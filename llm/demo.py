@@ -1,0 +1,319 @@
+"""`DemoModel`: an offline, deterministic model that follows taskloom's model protocol.
+
+It does not reason. Every answer is a pure function of the request, built from fixed rules and
+string matching, so that `taskloom demo` runs with no key and no network, identically in every
+process (the planner, executors and critic each hold their own instance). Its rules:
+
+**Planner** (`tool_choice` forces `submit_plan`): order ids are the `[A-Z]` + 3-or-more-digit words
+(`A100`) in the user messages. When known support-desk tools (`lookup_order`, `refund_policy`,
+`check_refund_eligibility`) are offered, by tool definition or by name in the prompt, and ids are found,
+the plan has one task per id (`check-a100`, ...; no dependencies, so they run in parallel) using those
+tools, and a final `summarize` task that depends on all of them. The FIRST order's definition of done
+also asks for the refund deadline (`DEADLINE_DOD`). Otherwise the plan is a single `answer` task.
+
+**Executor** (no forced tool): on a turn with no tool results yet, it calls every offered tool whose
+required inputs it can fill (order id from "order A101" in the prompt, a date from the prompt) in one
+turn (parallel tool_use). Once results are there, or when no tool can be called, it answers with text
+quoting the tool results (or, for a summary, the prompt's lines that mention order ids), stop reason
+`end_turn`. It writes `Refund deadline: ...` only when the prompt carries the critic's `FEEDBACK`.
+
+**Critic** (`tool_choice` forces `submit_verdict`): rejects (action `retry`, feedback `FEEDBACK`) when
+the prompt holds `DEADLINE_DOD` but no `Refund deadline:` answer and no earlier `FEEDBACK`; accepts
+otherwise. So the first order's task is retried exactly once, showing the retry path.
+
+For any other forced tool, it fills the tool's required inputs with placeholder values.
+Usage: input tokens are `estimate_input_tokens(request)`; output tokens are counted like the fake
+server does (UTF-8 bytes / 4 per block); a reply over `max_tokens` is cut with stop reason `max_tokens`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import re
+from typing import Any
+
+from llm.estimate import estimate_input_tokens
+from llm.types import (
+    ContentBlock,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    TextBlock,
+    ToolDef,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
+
+PLAN_TOOL = "submit_plan"
+VERDICT_TOOL = "submit_verdict"
+KNOWN_TOOLS = ("lookup_order", "refund_policy", "check_refund_eligibility")
+DEADLINE_DOD = "and states the refund deadline explicitly"
+FEEDBACK = "Say the last day on which a refund can be requested (the refund deadline)."
+DEADLINE_MARK = "Refund deadline:"
+
+_ORDER_ID = re.compile(r"\b[A-Z]\d{3,}\b")
+_TASK_ORDER = re.compile(r"\border\s+([A-Z]\d{3,})\b", re.IGNORECASE)
+_DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
+_DAYS = re.compile(r"\b(\d{1,3})\s*(?:-\s*)?days?\b|\"\w*days\w*\"\s*:\s*(\d{1,3})", re.IGNORECASE)
+
+
+def _user_text(request: ModelRequest) -> str:
+    parts: list[str] = []
+    for message in request.messages:
+        if message.role != "user":
+            continue
+        for block in message.content:
+            if isinstance(block, TextBlock):
+                parts.append(block.text)
+            elif isinstance(block, ToolResultBlock):
+                parts.append(block.content)
+    return "\n".join(parts)
+
+
+def _all_text(request: ModelRequest) -> str:
+    return request.system + "\n" + _user_text(request)
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _tool_use_id(request: ModelRequest, name: str, args: dict[str, Any]) -> str:
+    seed = f"{len(request.messages)}|{name}|{json.dumps(args, sort_keys=True)}|{_user_text(request)}"
+    return "toolu_demo_" + hashlib.sha256(seed.encode()).hexdigest()[:20]
+
+
+# -- planner ----------------------------------------------------------------------------------
+
+
+def _plan(request: ModelRequest) -> dict[str, Any]:
+    offered = {t.name for t in request.tools}
+    text = _all_text(request)
+    known = [t for t in KNOWN_TOOLS if t in offered or re.search(rf"\b{t}\b", text)]
+    order_ids = _unique(_ORDER_ID.findall(_user_text(request)))
+    goal = next((b.text for m in request.messages for b in m.content if isinstance(b, TextBlock)), "").strip()
+    if not known or not order_ids:
+        return {
+            "tasks": [
+                {
+                    "id": "answer",
+                    "title": "Answer the goal",
+                    "instructions": f"Answer this goal: {goal[:2000] or 'the goal'}",
+                    "depends_on": [],
+                    "definition_of_done": "The goal is answered.",
+                    "tools": [],
+                }
+            ],
+            "rationale": "demo model: a single task",
+        }
+    tools = [t for t in ("lookup_order", "refund_policy") if t in known] or known
+    tasks: list[dict[str, Any]] = []
+    for position, order_id in enumerate(order_ids):
+        dod = f"States whether order {order_id} can be refunded, with the reason from the policy"
+        tasks.append(
+            {
+                "id": f"check-{order_id.lower()}",
+                "title": f"Check order {order_id}",
+                "instructions": (
+                    f"Look up order {order_id} with lookup_order, read the refund policy with refund_policy, "
+                    f"and say whether order {order_id} can be refunded and why."
+                ),
+                "depends_on": [],
+                "definition_of_done": (f"{dod} {DEADLINE_DOD}." if position == 0 else f"{dod}."),
+                "tools": tools,
+            }
+        )
+    tasks.append(
+        {
+            "id": "summarize",
+            "title": "Summarize the refund decisions",
+            "instructions": "Summarize, for each order, whether it can be refunded, from the earlier results.",
+            "depends_on": [t["id"] for t in tasks],
+            "definition_of_done": "One line per order with its refund decision.",
+            "tools": [],
+        }
+    )
+    return {"tasks": tasks, "rationale": "demo model: one parallel task per order, then a summary"}
+
+
+# -- critic -----------------------------------------------------------------------------------
+
+
+def _verdict(request: ModelRequest) -> dict[str, Any]:
+    text = _all_text(request)
+    if DEADLINE_DOD in text and DEADLINE_MARK not in text and FEEDBACK not in text:
+        return {"passed": False, "feedback": FEEDBACK, "action": "retry"}
+    return {"passed": True, "feedback": "Meets the definition of done.", "action": "accept"}
+
+
+# -- executor ---------------------------------------------------------------------------------
+
+
+def _task_order_id(text: str) -> str | None:
+    match = _TASK_ORDER.search(text)
+    if match:
+        return match.group(1).upper()
+    found = _ORDER_ID.findall(text)
+    return found[0] if found else None
+
+
+def _fill_inputs(tool: ToolDef, order_id: str | None, text: str) -> dict[str, Any] | None:
+    """Inputs for `tool` from what the prompt holds, or None when a required one is unknown."""
+    properties: dict[str, Any] = tool.input_schema.get("properties") or {}
+    required: list[str] = list(tool.input_schema.get("required") or [])
+    date = _DATE.search(text)
+    args: dict[str, Any] = {}
+    for name in properties:
+        lowered = name.lower()
+        if "order" in lowered and order_id is not None:
+            args[name] = order_id
+        elif ("date" in lowered or "today" in lowered) and date is not None:
+            args[name] = date.group(0)
+    if any(name not in args for name in required):
+        return None
+    return args
+
+
+def _deadline(results: list[str]) -> str:
+    """A best-effort deadline: the first date in the results plus the first 'N days' window."""
+    text = "\n".join(results)
+    dates = _DATE.findall(text)
+    days = _DAYS.search(text)
+    if dates and days:
+        import datetime as dt
+
+        window = int(days.group(1) or days.group(2))
+        start = dt.date.fromisoformat(dates[0])
+        return (start + dt.timedelta(days=window)).isoformat()
+    return "see the refund window in the policy above"
+
+
+def _execute(request: ModelRequest) -> tuple[list[ContentBlock], StopReason]:
+    last = request.messages[-1]
+    results = [b for b in last.content if isinstance(b, ToolResultBlock)] if last.role == "user" else []
+    text = _user_text(request)
+    order_id = _task_order_id(text)
+    if not results:
+        calls: list[ContentBlock] = []
+        for tool in request.tools:
+            if tool.name in (PLAN_TOOL, VERDICT_TOOL):
+                continue
+            args = _fill_inputs(tool, order_id, text)
+            if args is not None:
+                calls.append(ToolUseBlock(id=_tool_use_id(request, tool.name, args), name=tool.name, input=args))
+        if calls:
+            return calls, "tool_use"
+
+    if results:
+        names = {
+            b.id: b.name
+            for m in request.messages
+            if m.role == "assistant"
+            for b in m.content
+            if isinstance(b, ToolUseBlock)
+        }
+        lines = [f"Order {order_id}:" if order_id else "Results:"]
+        for result in results:
+            label = names.get(result.tool_use_id, "tool")
+            lines.append(f"- {label}{' (error)' if result.is_error else ''}: {result.content.strip()}")
+        if FEEDBACK in text:
+            lines.append(f"{DEADLINE_MARK} {_deadline([r.content for r in results])}.")
+        answer = "\n".join(lines)
+    else:
+        mentions = _unique([line.strip() for line in text.splitlines() if _ORDER_ID.search(line)])
+        if mentions:
+            answer = "Summary:\n" + "\n".join(mentions)
+        else:
+            first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+            answer = f"Done: {first[:500]}"
+    return [TextBlock(text=answer)], "end_turn"
+
+
+# -- any other forced tool --------------------------------------------------------------------
+
+_PLACEHOLDERS: dict[str, Any] = {
+    "string": "demo",
+    "boolean": True,
+    "integer": 0,
+    "number": 0,
+    "array": [],
+    "object": {},
+}
+
+
+def _placeholder_input(tool: ToolDef) -> dict[str, Any]:
+    properties: dict[str, Any] = tool.input_schema.get("properties") or {}
+    out: dict[str, Any] = {}
+    for name in tool.input_schema.get("required") or []:
+        spec = properties.get(name) or {}
+        if spec.get("enum"):
+            out[name] = spec["enum"][0]
+        else:
+            out[name] = _PLACEHOLDERS.get(str(spec.get("type")), "demo")
+    return out
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+def _output_tokens(content: list[ContentBlock]) -> int:
+    total = 0
+    for block in content:
+        if isinstance(block, TextBlock):
+            raw = block.text
+        elif isinstance(block, ToolUseBlock):
+            raw = block.name + json.dumps(block.input, sort_keys=True, separators=(",", ":"))
+        else:
+            raw = ""
+        total += math.ceil(len(raw.encode("utf-8")) / 4) + 1
+    return max(1, total)
+
+
+class DemoModel:
+    """Offline `ModelPort` following the protocol with fixed rules (see the module docstring).
+
+    `latency` seconds are awaited per call, to look like a model without slowing tests down.
+    """
+
+    name = "demo"
+
+    def __init__(self, *, latency: float = 0.03, model: str = "demo") -> None:
+        self.latency = latency
+        self.model = model
+
+    def respond(self, request: ModelRequest) -> ModelResponse:
+        """The pure decision: the response to `request`, with no waiting."""
+        choice = request.tool_choice
+        forced = choice.name if choice is not None and choice.type == "tool" else None
+        content: list[ContentBlock]
+        stop_reason: StopReason
+        if forced is not None:
+            if forced == PLAN_TOOL:
+                args = _plan(request)
+            elif forced == VERDICT_TOOL:
+                args = _verdict(request)
+            else:
+                args = _placeholder_input(next(t for t in request.tools if t.name == forced))
+            content = [ToolUseBlock(id=_tool_use_id(request, forced, args), name=forced, input=args)]
+            stop_reason = "tool_use"
+        else:
+            content, stop_reason = _execute(request)
+
+        output = _output_tokens(content)
+        if output > request.max_tokens:
+            # What a real model does at the limit: the text is cut and an unfinished tool call is lost.
+            text = "".join(b.text for b in content if isinstance(b, TextBlock))
+            content = [TextBlock(text=text.encode()[: request.max_tokens * 4].decode("utf-8", "ignore"))]
+            stop_reason = "max_tokens"
+            output = request.max_tokens
+        usage = Usage(input_tokens=estimate_input_tokens(request), output_tokens=output)
+        return ModelResponse(content=content, stop_reason=stop_reason, usage=usage, request_id=None, model=self.model)
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        if self.latency > 0:
+            await asyncio.sleep(self.latency)
+        return self.respond(request)

@@ -1,0 +1,369 @@
+"""A fake Anthropic Messages API on loopback: real HTTP, scripted answers, billing you can check.
+
+It runs a stdlib `ThreadingHTTPServer` in a daemon thread, so the same instance serves the test's own
+SDK clients and worker subprocesses pointed at it through `ANTHROPIC_BASE_URL=server.base_url`.
+
+Each `POST /v1/messages` is recorded, validated like the real API (auth header, anthropic-version,
+required fields, tool names, tool_use/tool_result pairing, at most 4 cache_control markers: a 400
+otherwise) and answered by, in order: the next enqueued script item, the `respond_with` function, or a
+500 saying nothing was scripted. Replies are streamed as SSE when the body says `"stream": true`.
+Every response carries a `request-id` header.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+from llm.errors import ToolPairingError
+from llm.testing.script import Failure, Reply, Script, error_body
+from llm.testing.tokens import count_input_tokens, count_output_tokens, split_cached
+from llm.toolnames import VALID
+from llm.types import Usage
+
+DEFAULT_MODEL = "claude-fake-1"
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the server received it. Header names are lower-case."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: Mapping[str, Any]
+    request_id: str
+    at: float  # time.monotonic() on arrival
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self.body.get("messages") or [])
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [t["name"] for t in self.body.get("tools") or []]
+
+
+Responder = Callable[[RecordedRequest], Script]
+
+
+class FakeAnthropicServer:
+    """Scripted fake of the Messages API. Use as a (sync or async) context manager, or start()/close().
+
+    >>> with FakeAnthropicServer() as server:
+    ...     server.enqueue(text_reply("hello"))
+    ...     client = anthropic.Anthropic(api_key="test", base_url=server.base_url)
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, cache_min_tokens: int = 0) -> None:
+        self._host = host
+        self._port = port
+        self._cache_min_tokens = cache_min_tokens
+        self._lock = threading.Lock()
+        self._queue: deque[Script] = deque()
+        self._responder: Responder | None = None
+        self._requests: list[RecordedRequest] = []
+        self._billed = Usage()
+        self._cache: set[str] = set()
+        self._ids = itertools.count(1)
+        self._closing = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> FakeAnthropicServer:
+        if self._httpd is not None:
+            return self
+        handler = type("_BoundHandler", (_Handler,), {"fake": self})
+        httpd = ThreadingHTTPServer((self._host, self._port), handler)
+        httpd.daemon_threads = True
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-anthropic", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        self._closing.set()  # wakes handlers sleeping on a `delay`
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeAnthropicServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> FakeAnthropicServer:
+        return self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- scripting ------------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """Root URL for `base_url=` / `ANTHROPIC_BASE_URL` (no `/v1`: the SDK adds it)."""
+        if self._httpd is None:
+            raise RuntimeError("the fake server is not started")
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def enqueue(self, *items: Script) -> FakeAnthropicServer:
+        """Answer the next requests with `items`, in order (before any `respond_with` function)."""
+        with self._lock:
+            self._queue.extend(items)
+        return self
+
+    def respond_with(self, responder: Responder | None) -> FakeAnthropicServer:
+        """Answer every request the queue does not cover with `responder(request)` (None: stop)."""
+        with self._lock:
+            self._responder = responder
+        return self
+
+    @property
+    def pending(self) -> int:
+        """Enqueued items not used yet."""
+        with self._lock:
+            return len(self._queue)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every request received so far, `/v1/messages` and `/v1/messages/count_tokens` alike."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def message_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.path == "/v1/messages"]
+
+    @property
+    def billed(self) -> Usage:
+        """The usage of every successful reply served (including ones the client stopped waiting for)."""
+        with self._lock:
+            return self._billed
+
+    # -- called by the handler threads ----------------------------------------------------------
+
+    def _record(self, method: str, path: str, headers: Mapping[str, str], body: Mapping[str, Any]) -> RecordedRequest:
+        with self._lock:
+            request_id = f"req_fake_{next(self._ids):06d}"
+            recorded = RecordedRequest(method, path, dict(headers), body, request_id, time.monotonic())
+            self._requests.append(recorded)
+            return recorded
+
+    def _next_script(self, request: RecordedRequest) -> Script:
+        with self._lock:
+            if self._queue:
+                return self._queue.popleft()
+            responder = self._responder
+        if responder is None:
+            return Failure(
+                status=500,
+                headers={"x-should-retry": "false"},
+                body=error_body(500, "fake server: nothing scripted for this request (enqueue or respond_with)"),
+            )
+        return responder(request)
+
+    def _bill(self, body: Mapping[str, Any], output_tokens: int) -> Usage:
+        with self._lock:
+            uncached, read, write = split_cached(dict(body), self._cache, self._cache_min_tokens)
+            usage = Usage(
+                input_tokens=uncached, output_tokens=output_tokens, cache_read_tokens=read, cache_write_tokens=write
+            )
+            self._billed = self._billed + usage
+            return usage
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self._closing.wait(seconds)
+
+
+def validate_messages_body(body: Mapping[str, Any]) -> str | None:
+    """The real API's 400 message for `body`, or None when it is acceptable."""
+    from llm.testing.wire import request_from_wire  # the wire module imports this one's neighbours
+
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return "model: Field required"
+    if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
+        return "max_tokens: Field required (a positive integer)"
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        return "messages: Field required (a non-empty list)"
+    names = [t.get("name", "") for t in body.get("tools") or []]
+    names += [
+        b.get("name", "")
+        for m in body["messages"]
+        if isinstance(m.get("content"), list)
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_use"
+    ]
+    for name in names:
+        if not VALID.match(str(name)):
+            return f"tools: name {name!r} does not match '^[a-zA-Z0-9_-]{{1,64}}$'"
+    markers = json.dumps(body).count('"cache_control"')
+    if markers > 4:
+        return f"A maximum of 4 blocks with cache_control may be provided. Found {markers}."
+    try:
+        request_from_wire(body)
+    except ToolPairingError as err:
+        return f"messages: {err.message}"
+    except ValueError as err:
+        return f"invalid request: {err}"
+    return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeAnthropicServer  # set on the per-server subclass
+    server_version = "FakeAnthropic/1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: tests read `server.requests` instead of access logs."""
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _send(self, status: int, payload: Any, request_id: str, headers: Mapping[str, str] | None = None) -> None:
+        data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.send_header("request-id", request_id)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._send(404, error_body(404, f"no route {self.path}"), "req_fake_get")
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            body = {"_unparsed": raw.decode("utf-8", "replace")}
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        path = self.path.split("?", 1)[0]
+        recorded = self.fake._record("POST", path, headers, body)
+        rid = recorded.request_id
+        try:
+            if not (headers.get("x-api-key") or headers.get("authorization", "").startswith("Bearer ")):
+                return self._send(401, error_body(401, "missing x-api-key or Authorization: Bearer"), rid)
+            if not headers.get("anthropic-version"):
+                return self._send(400, error_body(400, "anthropic-version: header is required"), rid)
+            if "_unparsed" in body:
+                return self._send(400, error_body(400, "the request body is not a JSON object"), rid)
+            if path == "/v1/messages/count_tokens":
+                return self._send(200, {"input_tokens": count_input_tokens(body)}, rid)
+            if path != "/v1/messages":
+                return self._send(404, error_body(404, f"no route {path}"), rid)
+            problem = validate_messages_body(body)
+            if problem is not None:
+                return self._send(400, error_body(400, problem), rid)
+            script = self.fake._next_script(recorded)
+            if isinstance(script, Failure):
+                return self._fail(script, rid)
+            return self._reply(script, body, rid)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (timeout); what was billed stays billed
+
+    def _fail(self, failure: Failure, rid: str) -> None:
+        self.fake._sleep(failure.delay)
+        if failure.disconnect:
+            self.close_connection = True
+            self.connection.close()
+            return
+        body: Any = failure.body if failure.body is not None else error_body(failure.status, "fake failure")
+        self._send(failure.status, body if isinstance(body, str) else dict(body), rid, failure.headers)
+
+    def _reply(self, reply: Reply, body: Mapping[str, Any], rid: str) -> None:
+        content = [dict(block) for block in reply.content]
+        output = reply.output_tokens if reply.output_tokens is not None else count_output_tokens(content)
+        usage = self.fake._bill(body, output)
+        self.fake._sleep(reply.delay)
+        message = {
+            "id": f"msg_{rid.removeprefix('req_')}",
+            "type": "message",
+            "role": "assistant",
+            "model": reply.model or str(body.get("model") or DEFAULT_MODEL),
+            "content": content,
+            "stop_reason": reply.stop_reason,
+            "stop_sequence": reply.stop_sequence,
+            "usage": {
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "cache_read_input_tokens": usage.cache_read_tokens,
+                "cache_creation_input_tokens": usage.cache_write_tokens,
+            },
+        }
+        if body.get("stream"):
+            return self._stream(message, rid)
+        self._send(200, message, rid)
+
+    def _stream(self, message: dict[str, Any], rid: str) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("request-id", rid)
+        self.end_headers()
+        self.close_connection = True  # HTTP/1.0: the end of the body is the end of the connection
+        for event, data in sse_events(message):
+            self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+            self.wfile.flush()
+
+
+def sse_events(message: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The Messages streaming events for a complete `message`; each becomes an `event:` + `data:` frame."""
+    usage = message["usage"]
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": 1},
+    }
+    events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
+    events.append(("ping", {"type": "ping"}))
+    for index, block in enumerate(message["content"]):
+        kind = block["type"]
+        if kind == "text":
+            first: dict[str, Any] = {"type": "text", "text": ""}
+            text = block["text"]
+            deltas = [{"type": "text_delta", "text": text[i : i + 16]} for i in range(0, len(text), 16)]
+        elif kind == "tool_use":
+            first = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+            raw = json.dumps(block.get("input", {}))
+            deltas = [{"type": "input_json_delta", "partial_json": raw[i : i + 16]} for i in range(0, len(raw), 16)]
+        elif kind == "thinking":
+            first = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [{"type": "thinking_delta", "thinking": block["thinking"]}]
+            deltas.append({"type": "signature_delta", "signature": block.get("signature", "")})
+        else:
+            first, deltas = dict(block), []
+        events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": first}))
+        events += [("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d}) for d in deltas]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+    events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
