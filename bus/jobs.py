@@ -65,9 +65,13 @@ class ExecuteJob(JobPayload):
     goal_id: GoalId
     task_id: TaskId
     attempt: int = Field(ge=1)
+    # 0 for the first run of an attempt; a resume (dead executor, approval given) carries a new
+    # number so that it gets its own job id. Every copy resumes from the attempt's stored steps.
+    resume: int = Field(default=0, ge=0)
 
     def id_parts(self) -> tuple[str | int, ...]:
-        return (self.goal_id, self.task_id, self.attempt)
+        base: tuple[str | int, ...] = (self.goal_id, self.task_id, self.attempt)
+        return base if not self.resume else (*base, f"r{self.resume}")
 
 
 class ReviewJob(JobPayload):

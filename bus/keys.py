@@ -67,3 +67,20 @@ class Keys:
 
     def ledger(self, goal_id: str) -> str:
         return f"{self.prefix}goal:{goal_id}:ledger"
+
+    # -- executor checkpoints, leases and approvals --------------------------------------------
+    def attempt(self, goal_id: str, task_id: str, attempt: int) -> str:
+        """Base of one task attempt's keys: `:steps` (list), `:pending` (hash), `:lease` (hash)."""
+        return f"{self.prefix}goal:{goal_id}:attempt:{task_id}:{attempt}"
+
+    def leases(self) -> str:
+        """Sorted set of running attempts by lease expiry; the executors' watchdog reads it."""
+        return f"{self.prefix}leases"
+
+    def approvals(self, goal_id: str) -> str:
+        """Hash: tool call id -> decision (`approved` or `denied:<reason>`)."""
+        return f"{self.prefix}goal:{goal_id}:approvals"
+
+    def approval_requests(self, goal_id: str) -> str:
+        """Hash: tool call id -> what awaits approval (JSON)."""
+        return f"{self.prefix}goal:{goal_id}:approval-requests"

@@ -1,15 +1,45 @@
-"""What a job handler gets to work with: the shared Redis-backed services, built once per worker."""
+"""What a job handler gets to work with: the shared Redis-backed services and limits, built once per
+worker process by the composition root (`taskloom.workers`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from arq.connections import ArqRedis
+
+from llm.port import ModelPort
+from llm.types import ToolDef
 
 from .events import EventLog
 from .jobs import Jobs
 from .keys import Keys
 from .store import Store
+
+
+class ModelSource(Protocol):
+    """Hands out the (metered) model a goal's calls must go through; the only way roles get a model."""
+
+    def for_goal(self, goal_id: str) -> ModelPort: ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds every role respects; from settings (`TASKLOOM_*`)."""
+
+    max_steps: int = 12  # model turns per task attempt
+    task_timeout: float = 300.0  # wall-clock seconds per task attempt
+    model_max_tokens: int = 1024  # max_tokens asked per call (the ledger may clamp it lower)
+    max_task_retries: int = 2  # retries per task before the critic asks for a replan
+    max_replans: int = 2  # replans per goal before it fails
+    max_plan_tasks: int = 20  # tasks per plan
+    max_plan_attempts: int = 3  # invalid plans sent back before the goal fails
+    tool_output_limit: int = 4000  # characters of one observation shown to the model
+    tool_timeout: float = 30.0  # default per-call tool timeout, seconds
+    dependency_result_limit: int = 2000  # characters of each dependency's result in a task's context
+    loop_window: int = 8  # a repeated identical call within this many calls is a loop
+    compact_after_tokens: int = 20_000  # condense older steps once the prompt passes this estimate
+    lease_ttl: float = 15.0  # a dead executor's task is picked up again after about this long
 
 
 @dataclass(frozen=True)
@@ -19,13 +49,23 @@ class Runtime:
     store: Store
     events: EventLog
     jobs: Jobs
+    models: ModelSource | None = None
+    ledger: Any = None  # bus.ledger.Ledger once wired (kept loose to avoid an import cycle)
+    limits: Limits = field(default_factory=Limits)
+    tool_catalog: tuple[ToolDef, ...] = ()  # every loaded tool, for the planner's prompt
 
     @classmethod
-    def build(cls, redis: ArqRedis, keys: Keys, events_maxlen: int = 10_000) -> Runtime:
+    def build(cls, redis: ArqRedis, keys: Keys, events_maxlen: int = 10_000, **extra: Any) -> Runtime:
         return cls(
             redis=redis,
             keys=keys,
             store=Store(redis, keys, events_maxlen),
             events=EventLog(redis, keys, events_maxlen),
             jobs=Jobs(redis, keys),
+            **extra,
         )
+
+    def model_for(self, goal_id: str) -> ModelPort:
+        if self.models is None:
+            raise RuntimeError("this worker was started without a model")
+        return self.models.for_goal(goal_id)

@@ -421,14 +421,18 @@ class Store:
         attempt: int | None = None,
         reason: str | None = None,
         feedback: str | None = None,
+        plan_version: int | None = None,
         data: dict[str, Any] | None = None,
     ) -> bool:
         """Move a task to `target`. True if it moved, False if it was already there.
 
         `expected_attempt` fences the write: a worker holding an older attempt gets `StaleWrite`.
-        `attempt` sets the new attempt number (dispatching a retry).
+        `attempt` sets the new attempt number (dispatching a retry); `plan_version` re-homes a task
+        that a replan keeps or brings back.
         """
         patch: dict[str, str | int] = {"updated_at": utcnow().isoformat()}
+        if plan_version is not None:
+            patch["plan_version"] = plan_version
         if attempt is not None:
             patch["attempt"] = attempt
         if reason is not None:

@@ -1,0 +1,592 @@
+"""The token-budget ledger: one set of books per goal in Redis, shared by every worker of the goal.
+
+Protocol, per model call: `reserve` the worst case (input estimate + `max_tokens`) before the call,
+then `settle` it with the usage the provider reported, `release` it when the call never reached the
+provider, or `forfeit` it (count it in full) when the outcome is unknown. A reservation whose holder
+died is forfeited when it expires: unknown is counted as spent, never as free.
+
+Layout (one Redis, never Cluster: the scripts touch keys they read from the books, as bus/store.py
+does):
+* goal books, hash `Keys.ledger(goal_id)`: `budget`, `reserved`, `spent` (the total) and
+  `spent_input`, `spent_output`, `spent_cache_read`, `spent_cache_write`, `spent_unknown`
+  (forfeited and expired reservations), `calls`, `cost_micro_usd`, `refusals`, `open`, `releases`,
+  `forfeits`, `expired`, `overrun`, `unpriced`, and `pools` (the pool names, one a line);
+* pool books (per tenant, per day...), the same hash under `{prefix}pool:{name}`;
+* open reservations: one global hash id -> record (`goal key`, amount, forfeit cost, pool keys,
+  one a line) and one global sorted set id -> expiry time. Global, so an expired reservation of a
+  goal nobody touches any more is still swept by any reserve, and its pools get their headroom back.
+
+Every change is one Lua script, so the books always balance: `reserved` is the sum of the open
+reservations' amounts and `spent` the sum of the kinds. The scripts never parse JSON; time comes
+from Redis (`TIME`), so workers' clocks do not matter.
+
+Budgets count tokens of every kind alike (a cache read is a token against the budget). Input
+estimates (`llm.estimate`) are conservative: they err high. When usage still exceeds the
+reservation, the truth is recorded as spent (and the excess as `overrun`); the output part can never
+overrun, because the call is made with `max_tokens` clamped to the reservation.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
+
+from llm.types import Usage
+
+from .keys import Keys
+from .store import NotFound
+
+# Pool names end up inside Redis keys and inside newline-separated records.
+POOL_NAME_PATTERN = r"^[A-Za-z0-9_.:@-]{1,128}$"
+# Expired reservations closed per script call: bounds the time one reserve can spend sweeping.
+SWEEP_BATCH = 100
+
+
+def ledger_keys(keys: Keys) -> tuple[str, str, str]:
+    """(open-reservations hash, expiry sorted set, pool key prefix).
+
+    Built here, not in bus/keys.py, until `Keys` grows `ledger_open()`, `ledger_expiry()` and
+    `pool(name)`; nothing else may build these names.
+    """
+    return f"{keys.prefix}ledger:open", f"{keys.prefix}ledger:expiry", f"{keys.prefix}pool:"
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+class LedgerError(Exception):
+    """Base of the ledger's typed errors."""
+
+
+class LedgerNotFound(LedgerError, NotFound):
+    """The goal has no ledger: `open` was never called for it (or its books were deleted)."""
+
+    def __init__(self, goal_id: str) -> None:
+        NotFound.__init__(self, "ledger of goal", goal_id)
+        self.goal_id = goal_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.goal_id,))
+
+
+class BudgetExhausted(LedgerError):
+    """A reservation was refused: spent + reserved + requested > budget, in the goal or in `pool`.
+
+    `budget`, `spent` and `reserved` are the numbers of the books that refused (the pool's when
+    `pool` is set); `requested` is the smallest reservation that would have been accepted (the input
+    estimate plus the fewest output tokens worth a call).
+    """
+
+    def __init__(self, goal_id: str, budget: int, spent: int, reserved: int, requested: int, pool: str | None) -> None:
+        where = f"pool {pool!r} of goal {goal_id}" if pool else f"goal {goal_id}"
+        headroom = budget - spent - reserved
+        super().__init__(
+            f"token budget exhausted for {where}: budget {budget}, spent {spent}, reserved {reserved}, "
+            f"headroom {headroom} < {requested} needed for this call"
+        )
+        self.goal_id = goal_id
+        self.budget = budget
+        self.spent = spent
+        self.reserved = reserved
+        self.requested = requested
+        self.pool = pool
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.goal_id, self.budget, self.spent, self.reserved, self.requested, self.pool))
+
+
+# -- prices (pure) --------------------------------------------------------------------------------
+
+
+class ModelPrice(BaseModel):
+    """USD per million tokens of each kind."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cache_read: float = Field(ge=0)
+    cache_write: float = Field(ge=0)
+
+
+# Anthropic list prices (USD per million tokens; cache write = the 5-minute TTL price). A model id
+# matches its longest listed prefix, so dated ids ("claude-sonnet-4-5-20250929") need no entry.
+DEFAULT_PRICES: Mapping[str, ModelPrice] = {
+    "claude-opus-4-5": ModelPrice(input=5, output=25, cache_read=0.5, cache_write=6.25),
+    "claude-opus-4": ModelPrice(input=15, output=75, cache_read=1.5, cache_write=18.75),
+    "claude-sonnet-4": ModelPrice(input=3, output=15, cache_read=0.3, cache_write=3.75),
+    "claude-3-7-sonnet": ModelPrice(input=3, output=15, cache_read=0.3, cache_write=3.75),
+    "claude-haiku-4-5": ModelPrice(input=1, output=5, cache_read=0.1, cache_write=1.25),
+    "claude-3-5-haiku": ModelPrice(input=0.8, output=4, cache_read=0.08, cache_write=1),
+    "demo": ModelPrice(input=0, output=0, cache_read=0, cache_write=0),
+}
+
+
+def _micro(tokens: int, usd_per_mtok: float) -> Decimal:
+    # tokens * (USD / 1e6 tokens) * 1e6 micro-USD/USD: the price per million is micro-USD per token.
+    return tokens * Decimal(str(usd_per_mtok))
+
+
+class PriceTable:
+    """Per-model prices; costs are integer micro-USD, rounded up (the books never under-report)."""
+
+    def __init__(self, prices: Mapping[str, ModelPrice] | None = None, *, defaults: bool = True) -> None:
+        merged = dict(DEFAULT_PRICES) if defaults else {}
+        merged.update(prices or {})
+        # Longest prefix first, so "claude-opus-4-5" wins over "claude-opus-4".
+        self._prices = sorted(merged.items(), key=lambda kv: len(kv[0]), reverse=True)
+
+    def price(self, model: str | None) -> ModelPrice | None:
+        if model is None:
+            return None
+        return next((p for name, p in self._prices if model == name or model.startswith(name)), None)
+
+    def cost(self, model: str | None, usage: Usage) -> int | None:
+        """Micro-USD of `usage` on `model`; None when the model has no price."""
+        p = self.price(model)
+        if p is None:
+            return None
+        total = (
+            _micro(usage.input_tokens, p.input)
+            + _micro(usage.output_tokens, p.output)
+            + _micro(usage.cache_read_tokens, p.cache_read)
+            + _micro(usage.cache_write_tokens, p.cache_write)
+        )
+        return int(total.to_integral_value(rounding=ROUND_CEILING))
+
+    def per_mtok_micro(self, model: str | None) -> tuple[int, int]:
+        """(input, output) price in micro-USD per million tokens, integers for the reserve script,
+        which prices a forfeited reservation (input at the input price, output at the output price)."""
+        p = self.price(model)
+        if p is None:
+            return 0, 0
+        return math.ceil(Decimal(str(p.input)) * 1_000_000), math.ceil(Decimal(str(p.output)) * 1_000_000)
+
+
+# -- the clamp decision (pure; the reserve script implements the same rule) -----------------------
+
+
+def min_output(max_tokens: int, min_reservation: int) -> int:
+    """Fewest output tokens worth a call: `min_reservation`, or the request's own `max_tokens` if smaller."""
+    return max(1, min(max_tokens, min_reservation))
+
+
+def clamp_output(headroom: int, input_tokens: int, max_tokens: int, min_reservation: int) -> int:
+    """Output tokens to reserve: `max_tokens` cut to what `headroom` leaves after the input estimate.
+
+    0 means refuse: fewer than `min_output` tokens would be left for the answer.
+    """
+    out = min(max_tokens, headroom - input_tokens)
+    return out if out >= min_output(max_tokens, min_reservation) else 0
+
+
+# -- records --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """A shared budget goals draw from (e.g. `tenant:acme`, `day:2026-11-29`); created on first use."""
+
+    name: str
+    budget_tokens: int
+
+    def __post_init__(self) -> None:
+        if not re.match(POOL_NAME_PATTERN, self.name):
+            raise ValueError(f"pool name {self.name!r} does not match {POOL_NAME_PATTERN}")
+        if self.budget_tokens <= 0:
+            raise ValueError(f"pool {self.name!r}: budget_tokens must be positive, got {self.budget_tokens}")
+
+
+class Reservation(BaseModel):
+    """Tokens set aside for one model call; settle, release or forfeit it exactly once (repeats are no-ops)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    goal_id: str
+    input_tokens: int = Field(ge=0, description="the input estimate reserved")
+    max_tokens: int = Field(gt=0, description="output tokens reserved: the call's max_tokens, clamped")
+    amount: int = Field(gt=0, description="input_tokens + max_tokens")
+    expires_at: float = Field(description="Redis time (epoch seconds) after which it is forfeited")
+    pools: tuple[str, ...] = ()
+    model: str | None = None
+
+
+class LedgerSnapshot(BaseModel):
+    """A goal's (or a pool's) books at one instant."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="the goal id, or the pool name")
+    budget: int
+    reserved: int
+    spent: int
+    spent_input: int
+    spent_output: int
+    spent_cache_read: int
+    spent_cache_write: int
+    spent_unknown: int = Field(description="forfeited and expired reservations, counted in full")
+    calls: int
+    cost_micro_usd: int
+    cost_usd: float
+    headroom: int = Field(description="budget - spent - reserved")
+    refusals: int
+    open: int = Field(description="reservations not yet settled, released or expired")
+    releases: int
+    forfeits: int
+    expired: int
+    overrun: int = Field(description="tokens settled above their reservation (input estimate too low)")
+    unpriced: int = Field(description="settled calls whose model has no price (cost counted as 0)")
+    pools: list[str]
+
+    @classmethod
+    def from_hash(cls, name: str, h: Mapping[str, str]) -> LedgerSnapshot:
+        def n(field: str) -> int:
+            return int(h.get(field) or 0)
+
+        budget, spent, reserved = n("budget"), n("spent"), n("reserved")
+        return cls(
+            name=name,
+            budget=budget,
+            reserved=reserved,
+            spent=spent,
+            spent_input=n("spent_input"),
+            spent_output=n("spent_output"),
+            spent_cache_read=n("spent_cache_read"),
+            spent_cache_write=n("spent_cache_write"),
+            spent_unknown=n("spent_unknown"),
+            calls=n("calls"),
+            cost_micro_usd=n("cost_micro_usd"),
+            cost_usd=n("cost_micro_usd") / 1_000_000,
+            headroom=budget - spent - reserved,
+            refusals=n("refusals"),
+            open=n("open"),
+            releases=n("releases"),
+            forfeits=n("forfeits"),
+            expired=n("expired"),
+            overrun=n("overrun"),
+            unpriced=n("unpriced"),
+            pools=[p for p in (h.get("pools") or "").split("\n") if p],
+        )
+
+
+# -- Lua ------------------------------------------------------------------------------------------
+
+# Shared by every script. A record is `goal key \n amount \n forfeit cost \n pool key...`.
+# `close` takes one open reservation off the books (the goal's and each pool's):
+#   'settle'  spent += the reported usage (by kind), cost += the priced usage;
+#   'release' nothing spent;
+#   'forfeit' / 'expire'  spent_unknown += the full amount, cost += the worst-case cost.
+# It returns false when the id is not open: closing is idempotent.
+_LIB = """
+local function lines(s)
+  local out = {}
+  for part in string.gmatch(s, '[^\\n]+') do out[#out + 1] = part end
+  return out
+end
+
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local function book(key, amount, fcost, mode, u)
+  redis.call('HINCRBY', key, 'reserved', -amount)
+  redis.call('HINCRBY', key, 'open', -1)
+  if mode == 'release' then
+    redis.call('HINCRBY', key, 'releases', 1)
+    return
+  end
+  redis.call('HINCRBY', key, 'calls', 1)
+  if mode == 'settle' then
+    local total = u[1] + u[2] + u[3] + u[4]
+    redis.call('HINCRBY', key, 'spent_input', u[1])
+    redis.call('HINCRBY', key, 'spent_output', u[2])
+    redis.call('HINCRBY', key, 'spent_cache_read', u[3])
+    redis.call('HINCRBY', key, 'spent_cache_write', u[4])
+    redis.call('HINCRBY', key, 'spent', total)
+    redis.call('HINCRBY', key, 'cost_micro_usd', u[5])
+    redis.call('HINCRBY', key, 'unpriced', u[6])
+    if total > amount then redis.call('HINCRBY', key, 'overrun', total - amount) end
+  else
+    redis.call('HINCRBY', key, 'spent_unknown', amount)
+    redis.call('HINCRBY', key, 'spent', amount)
+    redis.call('HINCRBY', key, 'cost_micro_usd', fcost)
+    redis.call('HINCRBY', key, mode == 'expire' and 'expired' or 'forfeits', 1)
+  end
+end
+
+local function close(open_key, expiry_key, id, mode, u)
+  local rec = redis.call('HGET', open_key, id)
+  redis.call('ZREM', expiry_key, id)
+  if not rec then return false end
+  redis.call('HDEL', open_key, id)
+  local f = lines(rec)
+  local amount, fcost = tonumber(f[2]), tonumber(f[3])
+  book(f[1], amount, fcost, mode, u)
+  for i = 4, #f do book(f[i], amount, fcost, mode, u) end
+  return true
+end
+
+local function sweep(open_key, expiry_key, t, limit)
+  local ids = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', t, 'LIMIT', 0, limit)
+  for _, id in ipairs(ids) do close(open_key, expiry_key, id, 'expire', nil) end
+  return #ids
+end
+"""
+
+# KEYS: goal books. ARGV: budget, pool key prefix, then pool name/budget pairs.
+# Creates the goal's books (and each pool's on first use) unless they exist. Returns 1 if created.
+_OPEN = """
+if redis.call('HSETNX', KEYS[1], 'budget', ARGV[1]) == 0 then return 0 end
+local names = {}
+for i = 3, #ARGV, 2 do
+  redis.call('HSETNX', ARGV[2] .. ARGV[i], 'budget', ARGV[i + 1])
+  names[#names + 1] = ARGV[i]
+end
+redis.call('HSET', KEYS[1], 'pools', table.concat(names, '\\n'), 'reserved', 0, 'spent', 0)
+return 1
+"""
+
+# KEYS: goal books, open hash, expiry zset.
+# ARGV: reservation id, input estimate, max_tokens, min output, ttl, input and output price
+#       (micro-USD per million tokens), pool key prefix, sweep batch.
+# Returns {'ok', max_tokens, amount, expires_at, pools} | {'missing'}
+#       | {'refused', pool name or '', budget, spent, reserved, requested}
+_RESERVE = (
+    _LIB
+    + """
+local t = now()
+sweep(KEYS[2], KEYS[3], t, tonumber(ARGV[9]))
+local g = redis.call('HMGET', KEYS[1], 'budget', 'spent', 'reserved', 'pools')
+if not g[1] then return {'missing'} end
+local inp, maxt, minr = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+
+-- The limiter is the books with the least headroom: the goal, or one of its pools (a missing
+-- pool has budget 0). The goal wins ties, so a refusal names a pool only when the pool is tighter.
+local books = {KEYS[1]}
+local lim = {name = '', budget = tonumber(g[1]), spent = tonumber(g[2] or 0), reserved = tonumber(g[3] or 0)}
+lim.headroom = lim.budget - lim.spent - lim.reserved
+for name in string.gmatch(g[4] or '', '[^\\n]+') do
+  local key = ARGV[8] .. name
+  books[#books + 1] = key
+  local p = redis.call('HMGET', key, 'budget', 'spent', 'reserved')
+  local b, s, r = tonumber(p[1] or 0), tonumber(p[2] or 0), tonumber(p[3] or 0)
+  if b - s - r < lim.headroom then
+    lim = {name = name, budget = b, spent = s, reserved = r, headroom = b - s - r}
+  end
+end
+
+-- clamp_output() in Python: the same rule.
+local floor = math.max(1, math.min(maxt, minr))
+local out = math.min(maxt, lim.headroom - inp)
+if out < floor then
+  redis.call('HINCRBY', KEYS[1], 'refusals', 1)
+  if lim.name ~= '' then redis.call('HINCRBY', books[1 + 0] == KEYS[1] and ARGV[8] .. lim.name, 'refusals', 1) end
+  return {'refused', lim.name, tostring(lim.budget), tostring(lim.spent), tostring(lim.reserved),
+          tostring(inp + floor)}
+end
+
+local amount = inp + out
+for _, key in ipairs(books) do
+  redis.call('HINCRBY', key, 'reserved', amount)
+  redis.call('HINCRBY', key, 'open', 1)
+end
+local fcost = math.ceil((inp * tonumber(ARGV[6]) + out * tonumber(ARGV[7])) / 1000000)
+local rec = {KEYS[1], tostring(amount), tostring(fcost)}
+for i = 2, #books do rec[#rec + 1] = books[i] end
+local expires = t + tonumber(ARGV[5])
+redis.call('HSET', KEYS[2], ARGV[1], table.concat(rec, '\\n'))
+redis.call('ZADD', KEYS[3], expires, ARGV[1])
+return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or ''}
+"""
+)
+
+# KEYS: open hash, expiry zset. ARGV: reservation id, mode ('settle' | 'release' | 'forfeit'),
+#       then for 'settle': input, output, cache read, cache write tokens, cost, unpriced (0/1).
+# Returns 1 if the reservation was open (and is now closed), 0 if it was already closed.
+_CLOSE = (
+    _LIB
+    + """
+local u = {}
+for i = 3, #ARGV do u[#u + 1] = tonumber(ARGV[i]) end
+if close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u) then return 1 end
+return 0
+"""
+)
+
+# KEYS: open hash, expiry zset, [books to read]. ARGV: sweep batch.
+# Forfeits expired reservations, then returns {number swept, field, value, ...} of KEYS[3].
+_SWEEP = (
+    _LIB
+    + """
+local out = {sweep(KEYS[1], KEYS[2], now(), tonumber(ARGV[1]))}
+if KEYS[3] then
+  for _, v in ipairs(redis.call('HGETALL', KEYS[3])) do out[#out + 1] = v end
+end
+return out
+"""
+)
+
+
+# -- the ledger -----------------------------------------------------------------------------------
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    it: Iterator[Any] = iter(flat)
+    return {_s(k): _s(v) for k, v in zip(it, it, strict=True)}
+
+
+class Ledger:
+    """The books of every goal and pool under one key prefix. Cheap to build; share one per process."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        *,
+        min_reservation: int = 256,
+        reservation_ttl: float = 600,
+        prices: PriceTable | None = None,
+    ) -> None:
+        if min_reservation < 1:
+            raise ValueError(f"min_reservation must be at least 1, got {min_reservation}")
+        if reservation_ttl <= 0:
+            raise ValueError(f"reservation_ttl must be positive, got {reservation_ttl}")
+        self.redis = redis
+        self.keys = keys
+        self.min_reservation = min_reservation
+        self.reservation_ttl = reservation_ttl
+        self.prices = prices or PriceTable()
+        self._open_key, self._expiry_key, self._pool_prefix = ledger_keys(keys)
+        self._open = redis.register_script(_OPEN)
+        self._reserve = redis.register_script(_RESERVE)
+        self._close = redis.register_script(_CLOSE)
+        self._sweep = redis.register_script(_SWEEP)
+
+    async def open(self, goal_id: str, budget_tokens: int, pools: Sequence[PoolRef] = ()) -> bool:
+        """Create the goal's books (idempotent: False, and nothing changed, if they exist).
+
+        Each pool's books are created with `budget_tokens` the first time any goal names it; an
+        existing pool keeps its budget.
+        """
+        if budget_tokens <= 0:
+            raise ValueError(f"budget_tokens must be positive, got {budget_tokens}")
+        args: list[str | int] = [budget_tokens, self._pool_prefix]
+        for pool in pools:
+            args += [pool.name, pool.budget_tokens]
+        return bool(await self._open(keys=[self.keys.ledger(goal_id)], args=args))
+
+    async def reserve(
+        self, goal_id: str, estimated_input: int, max_tokens: int, *, model: str | None = None
+    ) -> Reservation:
+        """Set aside `estimated_input` + `max_tokens` (clamped to the headroom) for one call.
+
+        Sweeps expired reservations first, in the same atomic step. `model` prices the reservation
+        should it be forfeited. Raises `BudgetExhausted` when fewer than `min(max_tokens,
+        min_reservation)` output tokens would be left, in the goal or any of its pools, and
+        `LedgerNotFound` when the goal's books were never opened.
+        """
+        if estimated_input < 0 or max_tokens < 1:
+            raise ValueError(f"need estimated_input >= 0 and max_tokens >= 1, got {estimated_input}, {max_tokens}")
+        rid = uuid.uuid4().hex
+        price_in, price_out = self.prices.per_mtok_micro(model)
+        out = await self._reserve(
+            keys=[self.keys.ledger(goal_id), self._open_key, self._expiry_key],
+            args=[
+                rid,
+                estimated_input,
+                max_tokens,
+                self.min_reservation,
+                self.reservation_ttl,
+                price_in,
+                price_out,
+                self._pool_prefix,
+                SWEEP_BATCH,
+            ],
+        )
+        status = _s(out[0])
+        if status == "missing":
+            raise LedgerNotFound(goal_id)
+        if status == "refused":
+            pool, budget, spent, reserved, requested = _s(out[1]), *(int(_s(v)) for v in out[2:6])
+            raise BudgetExhausted(goal_id, budget, spent, reserved, requested, pool or None)
+        return Reservation(
+            id=rid,
+            goal_id=goal_id,
+            input_tokens=estimated_input,
+            max_tokens=int(_s(out[1])),
+            amount=int(_s(out[2])),
+            expires_at=float(_s(out[3])),
+            pools=tuple(p for p in _s(out[4]).split("\n") if p),
+            model=model,
+        )
+
+    async def settle(self, reservation: Reservation, usage: Usage, *, model: str | None = None) -> bool:
+        """Record what the call really used (priced for `model`, e.g. `ModelResponse.model`).
+
+        True if this closed the reservation; False (nothing changed) if it was already settled,
+        released, forfeited or expired: a retried settle, or one that arrives after expiry
+        already counted the full amount.
+        """
+        cost = self.prices.cost(model or reservation.model, usage)
+        return await self._close_one(
+            reservation,
+            "settle",
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cache_read_tokens,
+            usage.cache_write_tokens,
+            cost or 0,
+            int(cost is None),
+        )
+
+    async def release(self, reservation: Reservation) -> bool:
+        """Free the reservation: the call never reached the provider. Idempotent like `settle`."""
+        return await self._close_one(reservation, "release")
+
+    async def forfeit(self, reservation: Reservation) -> bool:
+        """Count the full reservation as spent: the call's outcome is unknown (timeout, cancellation)."""
+        return await self._close_one(reservation, "forfeit")
+
+    async def _close_one(self, reservation: Reservation, mode: str, *usage: int) -> bool:
+        out = await self._close(keys=[self._open_key, self._expiry_key], args=[reservation.id, mode, *usage])
+        return bool(out)
+
+    async def sweep(self) -> int:
+        """Forfeit every expired reservation (of any goal under this prefix); returns how many."""
+        total = 0
+        while True:
+            out = await self._sweep(keys=[self._open_key, self._expiry_key], args=[SWEEP_BATCH])
+            n = int(out[0])
+            total += n
+            if n < SWEEP_BATCH:
+                return total
+
+    async def snapshot(self, goal_id: str) -> LedgerSnapshot:
+        """The goal's books, after forfeiting expired reservations. `LedgerNotFound` if never opened."""
+        h = await self._read(self.keys.ledger(goal_id))
+        if "budget" not in h:
+            raise LedgerNotFound(goal_id)
+        return LedgerSnapshot.from_hash(goal_id, h)
+
+    async def pool_snapshot(self, name: str) -> LedgerSnapshot | None:
+        """A pool's books (None if no goal has used it yet)."""
+        h = await self._read(self._pool_prefix + name)
+        return LedgerSnapshot.from_hash(name, h) if "budget" in h else None
+
+    async def _read(self, key: str) -> dict[str, str]:
+        out = await self._sweep(keys=[self._open_key, self._expiry_key, key], args=[SWEEP_BATCH])
+        return _pairs(out[1:])

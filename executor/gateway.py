@@ -1,0 +1,172 @@
+"""The tool gateway: the one place every tool call passes, and where tool policy lives.
+
+Whatever goes wrong with a call (a tool that is not allowed or does not exist, invalid arguments,
+an exception, a timeout) becomes an `ERROR: ...` observation with `is_error`, which the model can
+react to; it never crashes the loop. The full traceback goes to the log, never to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import structlog
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from bus.events import EventLog
+from bus.schemas import Event
+from llm.types import ToolDef, ToolUseBlock
+
+from .registry import ToolRegistry
+from .toolkit import Tool, ToolContext
+
+log = structlog.get_logger("taskloom.tools")
+
+Outcome = Literal["ok", "not_allowed", "unknown_tool", "invalid_args", "error", "timeout", "denied", "unknown_outcome"]
+
+
+class ToolOutcome(BaseModel):
+    """One call's result: what the model sees, and the full output kept in the step record."""
+
+    model_config = ConfigDict(frozen=True)
+
+    call_id: str
+    tool: str
+    outcome: Outcome
+    content: str  # for the model (maybe truncated)
+    full: str  # untruncated
+    seconds: float = 0.0
+
+    @property
+    def is_error(self) -> bool:
+        return self.outcome != "ok"
+
+
+def render(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, default=str, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut `text` to `limit` characters, saying how much was cut (so the model knows it is partial)."""
+    if len(text) <= limit:
+        return text
+    cut = len(text) - limit
+    return f"{text[:limit]}\n[... truncated: {cut} of {len(text)} characters not shown]"
+
+
+def digest(args: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(args, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def error_outcome(call: ToolUseBlock, outcome: Outcome, message: str, seconds: float = 0.0) -> ToolOutcome:
+    text = f"ERROR: {message}"
+    return ToolOutcome(call_id=call.id, tool=call.name, outcome=outcome, content=text, full=text, seconds=seconds)
+
+
+class ToolGateway:
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        allowed: Iterable[str],
+        events: EventLog | None = None,
+        *,
+        output_limit: int = 4000,
+        default_timeout: float = 30.0,
+    ) -> None:
+        self.registry = registry
+        self.allowed = sorted(set(allowed) & set(registry.names()))
+        self.events = events
+        self.output_limit = output_limit
+        self.default_timeout = default_timeout
+
+    @staticmethod
+    def allowed_for(goal_tools: Iterable[str] | None, task_tools: Iterable[str]) -> set[str]:
+        """Tools a task may use: those its spec names that the goal also allows (None = all)."""
+        task = set(task_tools)
+        return task if goal_tools is None else task & set(goal_tools)
+
+    def definitions(self) -> list[ToolDef]:
+        return self.registry.definitions(self.allowed)
+
+    def tool(self, name: str) -> Tool | None:
+        return self.registry.get(name) if name in self.allowed else None
+
+    def validate(self, call: ToolUseBlock) -> tuple[Tool, BaseModel] | ToolOutcome:
+        """The tool and its validated arguments, or the ERROR outcome the model should see."""
+        if call.name not in self.allowed:
+            listed = ", ".join(self.allowed) or "(none)"
+            if call.name in self.registry:
+                return error_outcome(call, "not_allowed", f"tool {call.name!r} is not allowed; available: {listed}")
+            return error_outcome(call, "unknown_tool", f"unknown tool {call.name!r}; available: {listed}")
+        tool = self.registry.tools[call.name]
+        try:
+            args = tool.params.model_validate(call.input)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors(include_url=False)
+            )
+            return error_outcome(call, "invalid_args", f"invalid arguments for {call.name}: {problems}")
+        return tool, args
+
+    async def run(self, call: ToolUseBlock, ctx: ToolContext) -> ToolOutcome:
+        """Validate and run one call, audit it, and turn any failure into an ERROR observation."""
+        started = time.perf_counter()
+        checked = self.validate(call)
+        if isinstance(checked, ToolOutcome):
+            outcome = checked
+        else:
+            tool, args = checked
+            outcome = await self._invoke(call, tool, args, ctx, started)
+        await self.audit(call, outcome, ctx)
+        return outcome
+
+    async def _invoke(
+        self, call: ToolUseBlock, tool: Tool, args: BaseModel, ctx: ToolContext, started: float
+    ) -> ToolOutcome:
+        timeout = tool.timeout or self.default_timeout
+        try:
+            value = await asyncio.wait_for(tool.invoke(args, ctx), timeout)
+        except TimeoutError:
+            return error_outcome(
+                call, "timeout", f"tool {call.name} timed out after {timeout:g} s", time.perf_counter() - started
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("tool.exception", tool=call.name, call_id=call.id, exc_info=True)
+            return error_outcome(
+                call, "error", f"tool {call.name} failed: {type(exc).__name__}: {exc}", time.perf_counter() - started
+            )
+        full = render(value)
+        return ToolOutcome(
+            call_id=call.id,
+            tool=call.name,
+            outcome="ok",
+            content=truncate(full, self.output_limit),
+            full=full,
+            seconds=time.perf_counter() - started,
+        )
+
+    async def audit(self, call: ToolUseBlock, outcome: ToolOutcome, ctx: ToolContext) -> None:
+        """One event per call on the goal's stream: tool, argument digest, duration, outcome."""
+        data = {
+            "call_id": call.id,
+            "tool": call.name,
+            "args_digest": digest(call.input),
+            "seconds": round(outcome.seconds, 4),
+            "outcome": outcome.outcome,
+            "attempt": ctx.attempt,
+            "step": ctx.step,
+        }
+        log.info("tool.call", **data)
+        if self.events is not None:
+            await self.events.emit(Event(type="tool.call", goal_id=ctx.goal_id, task_id=ctx.task_id, data=data))
