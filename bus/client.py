@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 import uuid
@@ -16,8 +17,9 @@ from pydantic import BaseModel, ConfigDict
 
 from .connection import connect
 from .events import EventLog
-from .jobs import Jobs, PlanJob
+from .jobs import ExecuteJob, Jobs, PlanJob
 from .keys import Keys
+from .ledger import Ledger
 from .schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, StoredPlan, TaskRecord
 from .store import AlreadyExists, NotFound, Store
 
@@ -43,6 +45,10 @@ class GoalStatus(BaseModel):
     tasks: list[TaskRecord]
 
 
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def new_goal_id() -> str:
     return uuid.uuid4().hex
 
@@ -55,6 +61,7 @@ class Client:
         self.store = Store(redis, keys, events_maxlen)
         self.log = EventLog(redis, keys, events_maxlen)
         self.jobs = Jobs(redis, keys)
+        self.ledger = Ledger(redis, keys)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -86,6 +93,8 @@ class Client:
             GoalRecord.model_validate({"id": goal_id, "goal": goal, "budget_tokens": 1})
         gid = goal_id or new_goal_id()
         record = GoalRecord(id=gid, goal=goal, budget_tokens=goal.budget_tokens or self.default_budget_tokens)
+        # The books first (idempotent), so that no goal ever exists without its budget.
+        await self.ledger.open(gid, record.budget_tokens)
         created = await self.store.create_goal(record, {"text": goal.text[:200]})
         if not created:
             existing = await self.store.get_goal(gid)
@@ -150,6 +159,41 @@ class Client:
         """
         self._check_id(goal_id)
         return await self.store.cancel_goal(goal_id, reason)
+
+    async def approvals(self, goal_id: str) -> dict[str, dict[str, Any]]:
+        """Tool calls of this goal waiting for a person's decision, by call id."""
+        await self.get(goal_id)
+        raw = await self.redis.hgetall(self.keys.approval_requests(goal_id))  # type: ignore[misc]
+        return {_s(k): json.loads(v) for k, v in raw.items()}
+
+    async def decide(self, goal_id: str, call_id: str, approved: bool, reason: str = "") -> bool:
+        """Approve or deny a tool call awaiting approval, and resume its task.
+
+        The first decision wins (a second one returns False and changes nothing). A denial reaches
+        the model as an `ERROR` observation carrying `reason`.
+        """
+        requests = await self.approvals(goal_id)
+        if call_id not in requests:
+            raise NotFound("approval request", f"{goal_id}/{call_id}")
+        req = requests[call_id]
+        decision = "approved" if approved else f"denied:{reason}"
+        first = await self.redis.hsetnx(self.keys.approvals(goal_id), call_id, decision)  # type: ignore[misc]
+        if not first:
+            return False
+        await self.redis.hdel(self.keys.approval_requests(goal_id), call_id)  # type: ignore[misc]
+        await self.log.emit(
+            Event(
+                type="tool.approval_decided",
+                goal_id=goal_id,
+                task_id=req["task_id"],
+                data={"call_id": call_id, "approved": approved, "reason": reason},
+            )
+        )
+        # A new job id per decision: the attempt resumes from its stored steps.
+        await self.jobs.enqueue(
+            ExecuteJob(goal_id=goal_id, task_id=req["task_id"], attempt=req["attempt"], resume=int(time.time() * 1000))
+        )
+        return True
 
     async def reconcile(self, older_than: float) -> int:
         """Re-enqueue the planner job of goals still `submitted` after `older_than` seconds."""

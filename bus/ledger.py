@@ -337,7 +337,7 @@ local function close(open_key, expiry_key, id, mode, u)
 end
 
 local function sweep(open_key, expiry_key, t, limit)
-  local ids = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', t, 'LIMIT', 0, limit)
+  local ids = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', string.format('%.6f', t), 'LIMIT', 0, limit)
   for _, id in ipairs(ids) do close(open_key, expiry_key, id, 'expire', nil) end
   return #ids
 end
@@ -390,7 +390,7 @@ local floor = math.max(1, math.min(maxt, minr))
 local out = math.min(maxt, lim.headroom - inp)
 if out < floor then
   redis.call('HINCRBY', KEYS[1], 'refusals', 1)
-  if lim.name ~= '' then redis.call('HINCRBY', books[1 + 0] == KEYS[1] and ARGV[8] .. lim.name, 'refusals', 1) end
+  if lim.name ~= '' then redis.call('HINCRBY', ARGV[8] .. lim.name, 'refusals', 1) end
   return {'refused', lim.name, tostring(lim.budget), tostring(lim.spent), tostring(lim.reserved),
           tostring(inp + floor)}
 end
@@ -405,7 +405,7 @@ local rec = {KEYS[1], tostring(amount), tostring(fcost)}
 for i = 2, #books do rec[#rec + 1] = books[i] end
 local expires = t + tonumber(ARGV[5])
 redis.call('HSET', KEYS[2], ARGV[1], table.concat(rec, '\\n'))
-redis.call('ZADD', KEYS[3], expires, ARGV[1])
+redis.call('ZADD', KEYS[3], string.format('%.6f', expires), ARGV[1])
 return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or ''}
 """
 )

@@ -26,7 +26,9 @@ from .toolkit import Tool, ToolContext
 
 log = structlog.get_logger("taskloom.tools")
 
-Outcome = Literal["ok", "not_allowed", "unknown_tool", "invalid_args", "error", "timeout", "denied", "unknown_outcome"]
+Outcome = Literal[
+    "ok", "not_allowed", "unknown_tool", "invalid_args", "error", "timeout", "denied", "unknown_outcome", "cancelled"
+]
 
 
 class ToolOutcome(BaseModel):
@@ -125,13 +127,15 @@ class ToolGateway:
             outcome = checked
         else:
             tool, args = checked
-            outcome = await self._invoke(call, tool, args, ctx, started)
+            outcome = await self.invoke(call, tool, args, ctx, started)
         await self.audit(call, outcome, ctx)
         return outcome
 
-    async def _invoke(
-        self, call: ToolUseBlock, tool: Tool, args: BaseModel, ctx: ToolContext, started: float
+    async def invoke(
+        self, call: ToolUseBlock, tool: Tool, args: BaseModel, ctx: ToolContext, started: float | None = None
     ) -> ToolOutcome:
+        """Run an already validated call; failures become ERROR outcomes (not audited here)."""
+        started = time.perf_counter() if started is None else started
         timeout = tool.timeout or self.default_timeout
         try:
             value = await asyncio.wait_for(tool.invoke(args, ctx), timeout)

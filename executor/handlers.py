@@ -1,14 +1,198 @@
-"""Executor job handlers (the ReAct loop arrives with the executor issue)."""
+"""The executor's job handler: claim the attempt, run (or resume) its loop, store the result, hand
+it to the critic. Safe to run twice: a copy that finds the attempt finished, moved on, or leased by
+a live executor does nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import uuid
+
 import structlog
 
-from bus.jobs import ExecuteJob
+from bus.jobs import ExecuteJob, ReviewJob
 from bus.runtime import Runtime
+from bus.schemas import GOAL_TERMINAL, Event, GoalState, TaskResult, TaskState
+from bus.store import IllegalTransition, NotFound, StaleWrite
+from llm.types import ToolUseBlock
+
+from .gateway import ToolGateway, digest
+from .loop import Approvals, Loop, Paused, TaskInput
+from .registry import ToolRegistry
+from .steps import AttemptStore, LeaseLost, claim_expired, now_ms
+from .toolkit import ToolContext
 
 log = structlog.get_logger("taskloom.executor")
 
+STARTABLE = {TaskState.READY, TaskState.RETRYING, TaskState.WAITING_APPROVAL}
+HOLDER = f"{socket.gethostname()}:{os.getpid()}"
 
-async def execute(rt: Runtime, job: ExecuteJob) -> None:
-    log.info("execute.received")
+
+class RedisApprovals(Approvals):
+    def __init__(self, rt: Runtime, goal_id: str) -> None:
+        self.rt = rt
+        self.goal_id = goal_id
+
+    async def decision(self, call_id: str) -> str | None:
+        raw = await self.rt.redis.hget(self.rt.keys.approvals(self.goal_id), call_id)  # type: ignore[misc]
+        return None if raw is None else (raw.decode() if isinstance(raw, bytes) else str(raw))
+
+    async def request(self, call: ToolUseBlock, ctx: ToolContext) -> None:
+        body = {"task_id": ctx.task_id, "attempt": ctx.attempt, "tool": call.name, "input": call.input}
+        await self.rt.redis.hset(  # type: ignore[misc]
+            self.rt.keys.approval_requests(self.goal_id), call.id, json.dumps(body, default=str)
+        )
+        await self.rt.events.emit(
+            Event(
+                type="tool.approval_requested",
+                goal_id=self.goal_id,
+                task_id=ctx.task_id,
+                data={"call_id": call.id, "tool": call.name, "args_digest": digest(call.input)},
+            )
+        )
+
+
+async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback: str | None) -> TaskInput:
+    goal = await rt.store.get_goal(job.goal_id)
+    plan = (await rt.store.get_plan(job.goal_id, plan_version)).plan
+    spec = next((t for t in plan.tasks if t.id == job.task_id), None)
+    if spec is None:
+        raise NotFound("task spec", f"{job.goal_id}/{job.task_id} in plan v{plan_version}")
+    deps: list[tuple[str, str]] = []
+    for dep in spec.depends_on:
+        record = await rt.store.get_task(job.goal_id, dep)
+        result = await rt.store.get_result(job.goal_id, dep, record.attempt) if record.attempt else None
+        deps.append((dep, result.answer if result else "(no result)"))
+    return TaskInput(goal=goal, spec=spec, attempt=job.attempt, feedback=feedback, dependency_results=tuple(deps))
+
+
+async def execute(rt: Runtime, job: ExecuteJob, registry: ToolRegistry) -> None:
+    goal = await rt.store.get_goal(job.goal_id)
+    if goal.state in GOAL_TERMINAL:
+        log.info("execute.skipped", reason=f"goal {goal.state.value}")
+        return
+    task = await rt.store.get_task(job.goal_id, job.task_id)
+    if task.attempt != job.attempt:
+        log.info("execute.skipped", reason=f"task is on attempt {task.attempt}")
+        return
+    if task.state in STARTABLE:
+        try:
+            await rt.store.transition_task(job.goal_id, job.task_id, TaskState.RUNNING, expected_attempt=job.attempt)
+        except (IllegalTransition, StaleWrite) as exc:
+            log.info("execute.skipped", reason=str(exc))
+            return
+    elif task.state != TaskState.RUNNING:
+        log.info("execute.skipped", reason=f"task is {task.state.value}")
+        return
+
+    store = AttemptStore(rt.redis, rt.keys, job.goal_id, job.task_id, job.attempt)
+    holder = f"{HOLDER}:{uuid.uuid4().hex[:8]}"
+    if not await store.acquire(holder, rt.limits.lease_ttl):
+        log.info("execute.skipped", reason="another executor holds the attempt's lease")
+        return
+    heartbeat = asyncio.create_task(_heartbeat(store, rt.limits.lease_ttl))
+    try:
+        task_input = await _task_input(rt, job, task.plan_version, task.feedback)
+        allowed = ToolGateway.allowed_for(goal.goal.allowed_tools, task_input.spec.tools)
+        gateway = ToolGateway(
+            registry,
+            allowed,
+            rt.events,
+            output_limit=rt.limits.tool_output_limit,
+            default_timeout=rt.limits.tool_timeout,
+        )
+
+        async def is_cancelled() -> bool:
+            current = await rt.store.get_task(job.goal_id, job.task_id)
+            return current.state in (TaskState.CANCELLED, TaskState.SUPERSEDED) or current.attempt != job.attempt
+
+        loop = Loop(
+            task_input,
+            store,
+            rt.model_for(job.goal_id),
+            gateway,
+            RedisApprovals(rt, job.goal_id),
+            rt.limits,
+            is_cancelled,
+        )
+        log.info("execute.start", epoch=store.epoch, resumed_steps=len(await store.steps()))
+        try:
+            result = await loop.run()
+        except Paused as paused:
+            await rt.store.transition_task(
+                job.goal_id,
+                job.task_id,
+                TaskState.WAITING_APPROVAL,
+                expected_attempt=job.attempt,
+                data={"call_id": paused.call.id, "tool": paused.call.name},
+            )
+            await store.finish()  # nobody should resume it before the decision
+            log.info("execute.paused", call_id=paused.call.id, tool=paused.call.name)
+            return
+        await _finish(rt, store, result)
+    except LeaseLost as exc:
+        log.warning("execute.lease_lost", detail=str(exc))
+    finally:
+        heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError, LeaseLost):
+            await heartbeat
+
+
+async def _heartbeat(store: AttemptStore, ttl: float) -> None:
+    while True:
+        await asyncio.sleep(ttl / 3)
+        await store.renew(ttl)
+
+
+async def _finish(rt: Runtime, store: AttemptStore, result: TaskResult) -> None:
+    """Store the result (under the lease) and move the task on according to how it stopped."""
+    await store.save_result(result)
+    gid, tid, attempt = result.goal_id, result.task_id, result.attempt
+    log.info("execute.result", stop_reason=result.stop_reason, steps=result.steps, tool_calls=result.tool_calls)
+    if result.stop_reason == "cancelled":
+        await store.finish()
+        return
+    if result.stop_reason == "budget_exhausted":
+        with contextlib.suppress(IllegalTransition, StaleWrite):
+            await rt.store.transition_task(
+                gid, tid, TaskState.FAILED, expected_attempt=attempt, reason="budget_exhausted"
+            )
+        with contextlib.suppress(IllegalTransition):
+            await rt.store.transition_goal(gid, GoalState.BUDGET_EXHAUSTED, reason=f"budget exhausted in task {tid}")
+        await store.finish()
+        return
+    try:
+        await rt.store.transition_task(
+            gid, tid, TaskState.REVIEWING, expected_attempt=attempt, data={"stop_reason": result.stop_reason}
+        )
+    except IllegalTransition as exc:
+        log.info("execute.not_reviewed", reason=str(exc))  # cancelled or superseded meanwhile
+        await store.finish()
+        return
+    await rt.jobs.enqueue(ReviewJob(goal_id=gid, task_id=tid, attempt=attempt))
+    await store.finish()
+
+
+async def recover_expired(rt: Runtime, limit: int = 100) -> int:
+    """Re-enqueue attempts whose executor died (lease expired). Run periodically by every executor.
+
+    Each expired lease is claimed by one watchdog for one lease period; the resumed job resumes
+    from the stored steps. Attempts that ended meanwhile are dropped from the lease set.
+    """
+    n = 0
+    for goal_id, task_id, attempt in await claim_expired(rt.redis, rt.keys, limit, rt.limits.lease_ttl):
+        try:
+            task = await rt.store.get_task(goal_id, task_id)
+        except NotFound:
+            task = None
+        member = f"{goal_id}|{task_id}|{attempt}"
+        if task is None or task.attempt != attempt or task.state != TaskState.RUNNING:
+            await rt.redis.zrem(rt.keys.leases(), member)
+            continue
+        await rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=task_id, attempt=attempt, resume=now_ms()))
+        log.warning("execute.recovered", goal_id=goal_id, task_id=task_id, attempt=attempt)
+        n += 1
+    return n

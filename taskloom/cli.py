@@ -25,6 +25,8 @@ from bus.connection import EmbeddedRedisError
 from bus.keys import ROLES
 from bus.schemas import Event, Goal, GoalRecord, GoalState
 from bus.store import IllegalTransition, NotFound
+from executor.registry import ToolLoadError
+from llm.errors import ModelConfigError
 
 from .logs import configure_logging
 from .settings import Settings, SettingsError, load_settings
@@ -114,6 +116,8 @@ def worker(
         asyncio.run(run_workers(roles, settings, burst=burst))
     except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
         _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
+    except (ModelConfigError, ToolLoadError) as exc:
+        _fail(EXIT_INVALID, str(exc))
 
 
 @app.command()
@@ -273,6 +277,56 @@ def cancel(
         _print_json({"goal_id": goal_id, "cancelled": True, "changed": changed})
     else:
         out.print(f"{goal_id} cancelled" if changed else f"{goal_id} was already cancelled")
+
+
+@app.command()
+def ledger(goal_id: str, as_json: JsonOpt = False) -> None:
+    """Show a goal's token budget: spent by kind, reserved, calls, cost and headroom."""
+    from bus.ledger import Ledger, LedgerSnapshot  # only this command needs it
+
+    # Reading also forfeits expired reservations, so the numbers shown are what reserve would see.
+    # An unknown goal raises LedgerNotFound, a NotFound: exit 1 with the message.
+    snap: LedgerSnapshot = _with_client(lambda c: Ledger(c.redis, c.keys).snapshot(goal_id))
+    if as_json:
+        _print_json(snap.model_dump(mode="json"))
+        return
+    table = Table("", "tokens", show_header=False)
+    table.add_row("budget", f"{snap.budget:,}")
+    for kind in ("input", "output", "cache_read", "cache_write", "unknown"):
+        table.add_row(f"  spent {kind.replace('_', ' ')}", f"{getattr(snap, 'spent_' + kind):,}")
+    table.add_row("spent", f"{snap.spent:,}")
+    table.add_row("reserved", f"{snap.reserved:,} ({snap.open} open)")
+    table.add_row("headroom", f"{snap.headroom:,}")
+    out.print(f"[bold]{goal_id}[/]  {snap.calls} calls  ${snap.cost_usd:.4f}  {snap.refusals} refused", highlight=False)
+    if snap.pools:
+        out.print(f"pools: {', '.join(snap.pools)}", highlight=False)
+    out.print(table)
+
+
+@app.command()
+def approve(goal_id: str, call_id: str, as_json: JsonOpt = False) -> None:
+    """Approve a tool call that awaits approval; its task resumes."""
+    _decide(goal_id, call_id, True, "", as_json)
+
+
+@app.command()
+def deny(
+    goal_id: str,
+    call_id: str,
+    reason: Annotated[str, typer.Option(help="shown to the model")] = "denied by operator",
+    as_json: JsonOpt = False,
+) -> None:
+    """Deny a tool call that awaits approval; the model sees an ERROR observation with the reason."""
+    _decide(goal_id, call_id, False, reason, as_json)
+
+
+def _decide(goal_id: str, call_id: str, approved: bool, reason: str, as_json: bool) -> None:
+    first = _with_client(lambda c: c.decide(goal_id, call_id, approved, reason))
+    if as_json:
+        _print_json({"goal_id": goal_id, "call_id": call_id, "approved": approved, "first_decision": first})
+    else:
+        verb = "approved" if approved else "denied"
+        out.print(f"{call_id} {verb}" if first else f"{call_id} was already decided; nothing changed")
 
 
 def main() -> None:

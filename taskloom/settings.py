@@ -13,6 +13,8 @@ import platformdirs
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bus.ledger import ModelPrice
+
 ENV_PREFIX = "TASKLOOM_"
 
 
@@ -58,6 +60,28 @@ class Settings(BaseSettings):
     goal_timeout: float = Field(default=1800, gt=0, description="default deadline of a goal, s")
     events_maxlen: int = Field(default=10_000, ge=100, description="approximate cap of each event stream")
     tools: str = Field(default="", description="comma-separated module:attribute toolkits")
+
+    # Model calls (the anthropic SDK owns retries of 408/409/429/5xx, honouring retry-after).
+    model_max_tokens: int = Field(default=1024, ge=16, le=64_000, description="max_tokens asked per model call")
+    model_max_retries: int = Field(default=2, ge=0, le=10)
+    model_timeout: float = Field(default=60, gt=0, description="seconds per model HTTP request")
+    # Agent loop bounds (see bus.runtime.Limits).
+    max_task_retries: int = Field(default=2, ge=0, le=20)
+    max_replans: int = Field(default=2, ge=0, le=20)
+    max_plan_tasks: int = Field(default=20, ge=1, le=200)
+    tool_output_limit: int = Field(default=4000, ge=100, description="characters of one observation the model sees")
+    tool_timeout: float = Field(default=30, gt=0, description="default seconds per tool call")
+    lease_ttl: float = Field(default=15, ge=1, le=600, description="a dead executor's task resumes after ~this")
+
+    # Token-budget ledger (bus.ledger). A reservation lives as long as a job may run, so that a live
+    # call is never forfeited; a dead worker's reservation is counted as spent after this long.
+    ledger_min_reservation: int = Field(default=256, ge=1, description="fewest output tokens worth a call")
+    ledger_reservation_ttl: float = Field(default=600, gt=0, description="seconds before a reservation is forfeited")
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=dict,
+        description='JSON {"model-prefix": {"input":..,"output":..,"cache_read":..,"cache_write":..}} in USD per '
+        "million tokens, on top of the built-in Claude prices",
+    )
 
     @field_validator("redis_url")
     @classmethod

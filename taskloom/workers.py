@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,7 +30,13 @@ from bus.client import Client
 from bus.connection import connect
 from bus.jobs import JobPayload, parse_payload
 from bus.keys import ROLES, Keys
-from bus.runtime import Runtime
+from bus.ledger import Ledger, PriceTable
+from bus.metered import ModelFactory
+from bus.runtime import Limits, Runtime
+from executor.demo_tools import support
+from executor.registry import ToolRegistry, load_registry
+from llm import make_model
+from llm.port import ModelPort
 
 from .settings import Settings
 
@@ -37,11 +44,48 @@ log = structlog.get_logger("taskloom.worker")
 
 Handler = Callable[[Runtime, Any], Awaitable[None]]
 
-HANDLERS: dict[str, dict[str, Handler]] = {
-    "planner": {"plan": planner.plan, "advance": planner.advance, "replan": planner.replan},
-    "executor": {"execute": executor.execute},
-    "critic": {"review": critic.review, "review_goal": critic.review_goal},
-}
+
+def handlers_for(role: str, registry: ToolRegistry) -> dict[str, Handler]:
+    table: dict[str, dict[str, Handler]] = {
+        "planner": {"plan": planner.plan, "advance": planner.advance, "replan": planner.replan},
+        "executor": {"execute": functools.partial(executor.execute, registry=registry)},
+        "critic": {"review": critic.review, "review_goal": critic.review_goal},
+    }
+    return table[role]
+
+
+def limits_for(settings: Settings) -> Limits:
+    return Limits(
+        max_steps=settings.max_steps,
+        task_timeout=settings.task_timeout,
+        model_max_tokens=settings.model_max_tokens,
+        max_task_retries=settings.max_task_retries,
+        max_replans=settings.max_replans,
+        max_plan_tasks=settings.max_plan_tasks,
+        tool_output_limit=settings.tool_output_limit,
+        tool_timeout=settings.tool_timeout,
+        lease_ttl=settings.lease_ttl,
+    )
+
+
+def load_tools(settings: Settings) -> ToolRegistry:
+    """`TASKLOOM_TOOLS`, or the bundled support-desk toolkit with the offline demo model."""
+    return load_registry(settings.tools, default=[support] if settings.model == "demo" else [])
+
+
+def make_ledger(settings: Settings, redis: ArqRedis) -> Ledger:
+    return Ledger(
+        redis,
+        keys_for(settings),
+        min_reservation=settings.ledger_min_reservation,
+        reservation_ttl=settings.ledger_reservation_ttl,
+        prices=PriceTable(settings.prices),
+    )
+
+
+def make_inner_model(settings: Settings) -> ModelPort:
+    """The configured model (raises `ModelConfigError` naming ANTHROPIC_API_KEY when it is missing)."""
+    return make_model(settings.model, max_retries=settings.model_max_retries, timeout=settings.model_timeout)
 
 
 def keys_for(settings: Settings) -> Keys:
@@ -80,13 +124,14 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
     return func(run, name=name)
 
 
-def worker_settings(role: str, settings: Settings) -> dict[str, Any]:
+def worker_settings(role: str, settings: Settings, registry: ToolRegistry | None = None) -> dict[str, Any]:
     """The arq `WorkerSettings` of one role (as a dict, which arq accepts)."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
     keys = keys_for(settings)
+    handlers = handlers_for(role, registry or ToolRegistry())
     return {
-        "functions": [_job_function(role, n, h) for n, h in HANDLERS[role].items()],
+        "functions": [_job_function(role, n, h) for n, h in handlers.items()],
         "queue_name": keys.queue(role),
         "poll_delay": settings.poll_delay,
         "max_jobs": getattr(settings, f"{role}_concurrency"),
@@ -98,13 +143,31 @@ def worker_settings(role: str, settings: Settings) -> dict[str, Any]:
     }
 
 
+def build_runtime(settings: Settings, redis: ArqRedis, model: ModelPort, registry: ToolRegistry) -> Runtime:
+    ledger = make_ledger(settings, redis)
+    return Runtime.build(
+        redis,
+        keys_for(settings),
+        settings.events_maxlen,
+        models=ModelFactory(model, ledger),
+        ledger=ledger,
+        limits=limits_for(settings),
+        tool_catalog=tuple(registry.definitions()),
+    )
+
+
 def build_workers(
-    roles: Sequence[str], settings: Settings, redis: ArqRedis, burst: bool = False
+    roles: Sequence[str],
+    settings: Settings,
+    redis: ArqRedis,
+    model: ModelPort,
+    registry: ToolRegistry,
+    burst: bool = False,
 ) -> tuple[Runtime, list[Worker]]:
-    runtime = Runtime.build(redis, keys_for(settings), settings.events_maxlen)
+    runtime = build_runtime(settings, redis, model, registry)
     workers = [
         Worker(
-            **worker_settings(role, settings),
+            **worker_settings(role, settings, registry),
             redis_pool=redis,
             burst=burst,
             ctx={"runtime": runtime, "role": role, "settings": settings},
@@ -126,15 +189,27 @@ async def _reconcile_forever(runtime: Runtime, settings: Settings) -> None:
         await asyncio.sleep(settings.reconcile_after / 2)
 
 
+async def _recover_forever(runtime: Runtime) -> None:
+    """Every executor watches for attempts whose executor died and re-enqueues them."""
+    while True:
+        try:
+            await executor.recover_expired(runtime)
+        except Exception:
+            log.exception("recover.failed")
+        await asyncio.sleep(max(0.2, runtime.limits.lease_ttl / 3))
+
+
 async def run_workers(
     roles: Sequence[str],
     settings: Settings,
     *,
     burst: bool = False,
     stop: asyncio.Event | None = None,
+    model: ModelPort | None = None,
 ) -> None:
     """Run the workers of `roles` in this process until `stop` is set, a signal arrives, or (burst) the queues drain."""
     stop = stop or asyncio.Event()
+    owned = False
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -142,13 +217,18 @@ async def run_workers(
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
     try:
+        registry = load_tools(settings)
+        owned = model is None
+        model = model or make_inner_model(settings)
         async with connect(settings.redis_url, settings.home) as redis:
-            runtime, workers = build_workers(roles, settings, redis, burst)
+            runtime, workers = build_workers(roles, settings, redis, model, registry, burst)
             log.info("worker.started", roles=list(roles), poll_delay=settings.poll_delay, embedded=settings.embedded)
             mains = [asyncio.create_task(w.main(), name=f"arq-{r}") for w, r in zip(workers, roles, strict=True)]
-            side = (
-                [] if burst or "planner" not in roles else [asyncio.create_task(_reconcile_forever(runtime, settings))]
-            )
+            side = []
+            if not burst and "planner" in roles:
+                side.append(asyncio.create_task(_reconcile_forever(runtime, settings)))
+            if not burst and "executor" in roles:
+                side.append(asyncio.create_task(_recover_forever(runtime)))
             stopper = asyncio.create_task(stop.wait())
             if burst:
                 await asyncio.wait(mains, return_when=asyncio.ALL_COMPLETED)
@@ -163,6 +243,10 @@ async def run_workers(
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        close = getattr(model, "aclose", None) if owned else None
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
 
 
 async def _shutdown(

@@ -1,0 +1,124 @@
+"""Pure decisions of the ReAct loop: when to stop, what a model reply means, what counts as a loop,
+and how to condense a long history. No I/O here; `executor.loop` applies these."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llm.types import ContentBlock, Message, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock
+
+BREVITY_NUDGE = "Your reply was cut off at the token limit. Answer again, much more briefly."
+USE_TOOLS_NUDGE = (
+    "You answered without using any tool, but this task requires its tools. "
+    "Call the tools you need, then give your answer."
+)
+REPEAT_ERROR = (
+    "ERROR: you already called {tool} with exactly these arguments in this task; the result will not "
+    "change. Use the earlier result or try something different. Repeating it again ends the task."
+)
+
+
+@dataclass
+class LoopState:
+    """What the loop knows about its attempt so far; rebuilt from the stored steps after a crash."""
+
+    steps: int = 0
+    tool_calls: int = 0
+    recent_calls: list[tuple[str, str]] = field(default_factory=list)  # (tool, args digest), oldest first
+    notes: set[str] = field(default_factory=set)  # nudges already given: "brevity", "use_tools", "repeat"
+
+
+Stop = Literal["max_steps", "deadline", "cancelled"]
+
+
+def stop_before_call(state: LoopState, max_steps: int, elapsed: float, timeout: float, cancelled: bool) -> Stop | None:
+    """Checked before every model call."""
+    if cancelled:
+        return "cancelled"
+    if elapsed >= timeout:
+        return "deadline"
+    if state.steps >= max_steps:
+        return "max_steps"
+    return None
+
+
+Action = Literal[
+    "answer",  # done: the text is the result
+    "tools",  # run the tool calls, then continue
+    "continue",  # pause_turn: send the turn back as is
+    "nudge_brevity",  # max_tokens once: ask for a shorter answer
+    "nudge_use_tools",  # answered without the required tools: one corrective turn
+    "stop_max_tokens",
+    "stop_refusal",
+    "stop_context",  # model_context_window_exceeded
+]
+
+
+def classify(response: ModelResponse, state: LoopState, requires_tools: bool) -> Action:
+    """What to do with a model reply."""
+    reason = response.stop_reason
+    if reason == "tool_use" and response.tool_uses:
+        return "tools"
+    if reason == "pause_turn":
+        return "continue"
+    if reason == "refusal":
+        return "stop_refusal"
+    if reason == "model_context_window_exceeded":
+        return "stop_context"
+    if reason == "max_tokens":
+        if response.tool_uses:
+            return "tools"  # the calls are complete blocks; run them
+        return "stop_max_tokens" if "brevity" in state.notes else "nudge_brevity"
+    # end_turn / stop_sequence (or tool_use without blocks): an answer
+    if requires_tools and state.tool_calls == 0 and "use_tools" not in state.notes:
+        return "nudge_use_tools"
+    return "answer"
+
+
+Repeat = Literal["ok", "warn", "stop"]
+
+
+def check_repeat(state: LoopState, tool: str, digest: str, window: int) -> Repeat:
+    """The same tool with the same arguments within `window` calls: warn once, then stop."""
+    if (tool, digest) not in state.recent_calls[-window:]:
+        return "ok"
+    return "stop" if "repeat" in state.notes else "warn"
+
+
+def condense(messages: Sequence[Message], keep_last: int, note_chars: int = 200) -> list[Message]:
+    """Shrink the observations of all but the last `keep_last` turns, keeping every block (and so
+    every tool_use/tool_result pair) in place: only long tool_result contents are cut to a stub.
+    The first message (the task's context) is never touched."""
+    out: list[Message] = []
+    cutoff = len(messages) - 2 * keep_last
+    for i, msg in enumerate(messages):
+        if i == 0 or i >= cutoff or msg.role != "user":
+            out.append(msg)
+            continue
+        blocks: list[ContentBlock] = []
+        for b in msg.content:
+            if isinstance(b, ToolResultBlock) and len(b.content) > note_chars:
+                stub = f"{b.content[:note_chars]}\n[condensed: {len(b.content) - note_chars} more characters omitted]"
+                blocks.append(b.model_copy(update={"content": stub}))
+            else:
+                blocks.append(b)
+        out.append(msg.model_copy(update={"content": blocks}))
+    return out
+
+
+def reply_message(results: Sequence[ToolResultBlock], nudge: str | None = None) -> Message:
+    """The next user message: every tool_result first (as the API requires), then any nudge."""
+    blocks: list[ContentBlock] = list(results)
+    if nudge:
+        blocks.append(TextBlock(text=nudge))
+    return Message(role="user", content=blocks)
+
+
+def answered_calls(messages: Sequence[Message]) -> set[str]:
+    return {b.tool_use_id for m in messages for b in m.content if isinstance(b, ToolResultBlock)}
+
+
+def tool_uses(messages: Sequence[Message]) -> list[ToolUseBlock]:
+    return [b for m in messages if m.role == "assistant" for b in m.content if isinstance(b, ToolUseBlock)]

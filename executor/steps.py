@@ -1,0 +1,253 @@
+"""Crash-safe steps: each task attempt's ReAct steps, checkpointed in Redis under a fenced lease.
+
+Keys (from `Keys.attempt(goal, task, attempt)`):
+* `:lease`   hash  epoch, holder, expires_ms, started_ms (the attempt's first start; deadlines count from it)
+* `:steps`   list  completed StepRecord JSON, in order
+* `:pending` hash  the step in progress: `turn` (the model's reply, stored before any tool runs, so a
+                   crash never pays for the same model call twice), `started:<call>` and
+                   `result:<call>` per tool call.
+
+Every write runs in a Lua script that first checks the caller's lease epoch. arq can start a second
+copy of a job while the first still runs; the lease makes sure only one of them can write, and an
+executor whose lease was taken over is told so (`LeaseLost`) at its next write.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
+
+from bus.keys import Keys
+from bus.schemas import TaskResult
+from llm.types import Message, ModelResponse, Usage
+
+from .gateway import ToolOutcome
+
+
+class LeaseLost(Exception):
+    """Another executor holds this attempt now; stop without writing anything."""
+
+    def __init__(self, member: str, epoch: int) -> None:
+        super().__init__(f"lease of {member} lost (epoch {epoch} is no longer current)")
+        self.member = member
+        self.epoch = epoch
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.member, self.epoch))
+
+
+class StepRecord(BaseModel):
+    """One completed step: the model's turn and what we answered (tool results, nudges)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int = Field(ge=0)
+    assistant: Message
+    reply: Message | None = None  # the next user message: tool_results first, then any nudge text
+    outcomes: list[ToolOutcome] = Field(default_factory=list)  # full outputs, untruncated
+    usage: Usage = Field(default_factory=Usage)
+    stop_reason: str
+    notes: list[str] = Field(default_factory=list)  # nudges given at this step (see executor.policy)
+
+
+class Pending(BaseModel):
+    """The step in progress, as read back after a crash."""
+
+    turn: ModelResponse | None = None
+    started: set[str] = Field(default_factory=set)
+    results: dict[str, ToolOutcome] = Field(default_factory=dict)
+
+
+# KEYS: lease, leases zset. ARGV: holder, ttl_ms, now_ms, member
+# Returns {'ok', epoch, started_ms} or {'held', epoch}
+_ACQUIRE = """
+local exp = tonumber(redis.call('HGET', KEYS[1], 'expires_ms') or '0')
+local holder = redis.call('HGET', KEYS[1], 'holder')
+if exp > tonumber(ARGV[3]) and holder ~= ARGV[1] then
+  return {'held', redis.call('HGET', KEYS[1], 'epoch') or '0'}
+end
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+local expires = tonumber(ARGV[3]) + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'expires_ms', expires)
+redis.call('HSETNX', KEYS[1], 'started_ms', ARGV[3])
+redis.call('ZADD', KEYS[2], expires, ARGV[4])
+return {'ok', tostring(epoch), redis.call('HGET', KEYS[1], 'started_ms')}
+"""
+
+# KEYS: lease, leases zset. ARGV: epoch, ttl_ms, now_ms, member. Returns 1, or 0 if the lease was lost.
+_RENEW = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+local expires = tonumber(ARGV[3]) + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'expires_ms', expires)
+redis.call('ZADD', KEYS[2], expires, ARGV[4])
+return 1
+"""
+
+# KEYS: lease, leases zset. ARGV: epoch, member. The attempt is over: nobody needs to resume it.
+_FINISH = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'expires_ms', 0, 'holder', '')
+redis.call('ZREM', KEYS[2], ARGV[2])
+return 1
+"""
+
+# KEYS: lease, pending. ARGV: epoch, then field/value pairs. Returns 1, or 0 if the lease was lost.
+_PENDING_SET = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
+
+# KEYS: lease, steps, pending. ARGV: epoch, expected index, step JSON.
+# Appends the step only at its index (a duplicate append is a no-op) and clears the pending step.
+# Returns 1 appended, 2 already there, 0 lease lost.
+_APPEND_STEP = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+local n = redis.call('LLEN', KEYS[2])
+if n > tonumber(ARGV[2]) then return 2 end
+redis.call('RPUSH', KEYS[2], ARGV[3])
+redis.call('DEL', KEYS[3])
+return 1
+"""
+
+# KEYS: lease, results hash. ARGV: epoch, field, result JSON. Returns 1 stored, 2 already there, 0 lost.
+_SAVE_RESULT = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) == 1 then return 1 end
+return 2
+"""
+
+# Claims an expired lease for resumption so that only one watchdog re-enqueues it per period.
+# KEYS: leases zset. ARGV: member, now_ms, new score. Returns 1 if claimed.
+_CLAIM_EXPIRED = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) > tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 1
+"""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def lease_member(goal_id: str, task_id: str, attempt: int) -> str:
+    return f"{goal_id}|{task_id}|{attempt}"
+
+
+def parse_member(member: str) -> tuple[str, str, int]:
+    goal_id, task_id, attempt = member.split("|")
+    return goal_id, task_id, int(attempt)
+
+
+class AttemptStore:
+    """Checkpoints of one task attempt, written under its lease."""
+
+    def __init__(self, redis: Redis, keys: Keys, goal_id: str, task_id: str, attempt: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        base = keys.attempt(goal_id, task_id, attempt)
+        self.lease_key, self.steps_key, self.pending_key = f"{base}:lease", f"{base}:steps", f"{base}:pending"
+        self.member = lease_member(goal_id, task_id, attempt)
+        self.epoch = 0
+        self.started_ms = 0
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._renew = redis.register_script(_RENEW)
+        self._finish = redis.register_script(_FINISH)
+        self._pending_set = redis.register_script(_PENDING_SET)
+        self._append = redis.register_script(_APPEND_STEP)
+        self._save_result = redis.register_script(_SAVE_RESULT)
+        self.results_key = keys.results(goal_id)
+
+    async def acquire(self, holder: str, ttl: float) -> bool:
+        """Take the lease (a new epoch) unless another live holder has it."""
+        out = await self._acquire(
+            keys=[self.lease_key, self.keys.leases()], args=[holder, int(ttl * 1000), now_ms(), self.member]
+        )
+        if out[0] in (b"held", "held"):
+            return False
+        self.epoch = int(out[1])
+        self.started_ms = int(out[2])
+        return True
+
+    async def renew(self, ttl: float) -> None:
+        ok = await self._renew(
+            keys=[self.lease_key, self.keys.leases()], args=[self.epoch, int(ttl * 1000), now_ms(), self.member]
+        )
+        if not ok:
+            raise LeaseLost(self.member, self.epoch)
+
+    async def finish(self) -> None:
+        await self._finish(keys=[self.lease_key, self.keys.leases()], args=[self.epoch, self.member])
+
+    async def steps(self) -> list[StepRecord]:
+        rows = await self.redis.lrange(self.steps_key, 0, -1)  # type: ignore[misc]
+        return [StepRecord.model_validate_json(r) for r in rows]
+
+    async def pending(self) -> Pending:
+        raw = {
+            (k.decode() if isinstance(k, bytes) else k): v
+            for k, v in (await self.redis.hgetall(self.pending_key)).items()  # type: ignore[misc]
+        }
+        turn = ModelResponse.model_validate_json(raw["turn"]) if "turn" in raw else None
+        started = {k.removeprefix("started:") for k in raw if k.startswith("started:")}
+        results = {
+            k.removeprefix("result:"): ToolOutcome.model_validate_json(v)
+            for k, v in raw.items()
+            if k.startswith("result:")
+        }
+        return Pending(turn=turn, started=started, results=results)
+
+    async def _set(self, *pairs: str) -> None:
+        ok = await self._pending_set(keys=[self.lease_key, self.pending_key], args=[self.epoch, *pairs])
+        if not ok:
+            raise LeaseLost(self.member, self.epoch)
+
+    async def save_turn(self, response: ModelResponse) -> None:
+        await self._set("turn", response.model_dump_json())
+
+    async def mark_started(self, call_id: str) -> None:
+        await self._set(f"started:{call_id}", "1")
+
+    async def save_outcome(self, outcome: ToolOutcome) -> None:
+        await self._set(f"result:{outcome.call_id}", outcome.model_dump_json())
+
+    async def append_step(self, step: StepRecord) -> None:
+        ok = await self._append(
+            keys=[self.lease_key, self.steps_key, self.pending_key],
+            args=[self.epoch, step.index, step.model_dump_json()],
+        )
+        if not ok:
+            raise LeaseLost(self.member, self.epoch)
+
+    async def save_result(self, result: TaskResult) -> bool:
+        """Store the attempt's result under the lease; False if a result was already stored."""
+        out = await self._save_result(
+            keys=[self.lease_key, self.results_key],
+            args=[self.epoch, f"{result.task_id}:{result.attempt}", result.model_dump_json()],
+        )
+        if not out:
+            raise LeaseLost(self.member, self.epoch)
+        return int(out) == 1
+
+    async def check(self) -> None:
+        """Raise `LeaseLost` if another executor took the attempt over."""
+        epoch = await self.redis.hget(self.lease_key, "epoch")  # type: ignore[misc]
+        if epoch is None or int(epoch) != self.epoch:
+            raise LeaseLost(self.member, self.epoch)
+
+
+async def claim_expired(redis: Redis, keys: Keys, limit: int, hold_for: float) -> list[tuple[str, str, int]]:
+    """Attempts whose lease expired (their executor died), each claimed for one resumption."""
+    now = now_ms()
+    members = await redis.zrangebyscore(keys.leases(), "-inf", now, start=0, num=limit)
+    script = redis.register_script(_CLAIM_EXPIRED)
+    claimed = []
+    for raw in members:
+        member = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if await script(keys=[keys.leases()], args=[member, now, now + int(hold_for * 1000)]):
+            claimed.append(parse_member(member))
+    return claimed

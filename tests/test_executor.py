@@ -1,0 +1,257 @@
+"""The executor's ReAct loop against real Redis, the real anthropic SDK and the fake Messages API server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import toolkits_for_tests as tk
+from arq.connections import ArqRedis
+
+from bus.client import Client
+from bus.jobs import ExecuteJob, ReviewJob
+from bus.keys import Keys
+from bus.runtime import Runtime
+from bus.schemas import GoalState, Plan, TaskResult, TaskSpec, TaskState
+from bus.store import NotFound
+from executor.handlers import execute
+from executor.registry import ToolRegistry
+from executor.steps import AttemptStore
+from llm.anthropic import AnthropicModel
+from llm.testing import FakeAnthropicServer, RecordedRequest, text_reply, tool_reply
+from taskloom.settings import Settings
+from taskloom.workers import build_runtime
+
+REGISTRY = ToolRegistry([tk.kit])
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeAnthropicServer]:
+    with FakeAnthropicServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def model(fake: FakeAnthropicServer) -> AsyncIterator[AnthropicModel]:
+    m = AnthropicModel("claude-test", api_key="sk-ant-test", base_url=fake.base_url, max_retries=0)
+    yield m
+    await m.aclose()
+
+
+@dataclass
+class Env:
+    rt: Runtime
+    client: Client
+    goal_id: str
+
+
+async def start_task(
+    redis: ArqRedis,
+    keys: Keys,
+    settings: Settings,
+    model: AnthropicModel,
+    tools: list[str],
+    budget: int = 200_000,
+    **overrides: Any,
+) -> Env:
+    """A goal with a one-task plan, the task dispatched (ready, attempt 1)."""
+    settings = settings.model_copy(update=overrides)
+    client = Client(redis, keys, default_budget_tokens=budget)
+    gid = await client.submit({"text": "test goal", "budget_tokens": budget})
+    store = client.store
+    await store.transition_goal(gid, GoalState.PLANNING)
+    spec = TaskSpec(id="t1", title="t", instructions="use the tools", definition_of_done="an answer", tools=tools)
+    await store.save_plan(gid, Plan(tasks=[spec]), expected_version=0)
+    await store.transition_goal(gid, GoalState.RUNNING)
+    await store.transition_task(gid, "t1", TaskState.READY, attempt=1)
+    return Env(build_runtime(settings, redis, model, REGISTRY), client, gid)
+
+
+async def run(env: Env) -> TaskResult:
+    await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1), REGISTRY)
+    result = await env.rt.store.get_result(env.goal_id, "t1", 1)
+    assert result is not None
+    return result
+
+
+def tool_results(req: RecordedRequest) -> list[dict[str, Any]]:
+    last = req.messages[-1]
+    assert last["role"] == "user"
+    return [b for b in last["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+
+
+async def test_parallel_read_only_calls_overlap_and_answer_in_one_message(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """Two read-only calls in one turn run concurrently; both results come back in one user message."""
+    env = await start_task(redis, keys, settings, model, ["slow_a", "slow_b"])
+    fake.enqueue(tool_reply([("slow_a", {"x": 1}), ("slow_b", {"x": 2})]), text_reply("a=1 and b=2"))
+    tk.SPANS.clear()
+    result = await run(env)
+    assert result.stop_reason == "answered" and result.answer == "a=1 and b=2" and result.tool_calls == 2
+    (a0, a1), (b0, b1) = ((s, e) for _, s, e in sorted(tk.SPANS))
+    assert a0 < b1 and b0 < a1, f"calls did not overlap: {tk.SPANS}"
+    second = fake.message_requests[1]
+    results = tool_results(second)
+    assert [r["content"] for r in results] == ["a=1", "b=2"]
+    assert second.messages[-1]["content"][: len(results)] == results  # tool_results lead the message
+    task = await env.rt.store.get_task(env.goal_id, "t1")
+    assert task.state is TaskState.REVIEWING
+    queued = [q.decode() for q in await redis.zrange(keys.queue("critic"), 0, -1)]
+    assert queued == [env.rt.jobs.job_id(ReviewJob(goal_id=env.goal_id, task_id="t1", attempt=1))]
+
+
+@pytest.mark.parametrize(
+    ("call", "expect"),
+    [
+        (("nope", {}), "unknown tool 'nope'; available: boom, hang, slow_a"),
+        (("slow_a", {"x": "not a number"}), "invalid arguments for slow_a: x:"),
+        (("slow_a", {}), "invalid arguments for slow_a: x: Field required"),
+        (("boom", {}), "tool boom failed: RuntimeError: kaboom"),
+        (("hang", {}), "tool hang timed out after 0.2 s"),
+        (("count", {"name": "x"}), "tool 'count' is not allowed"),
+    ],
+)
+async def test_tool_failures_become_error_observations_and_the_loop_goes_on(
+    redis: ArqRedis,
+    keys: Keys,
+    settings: Settings,
+    model: AnthropicModel,
+    fake: FakeAnthropicServer,
+    call: tuple[str, dict[str, Any]],
+    expect: str,
+) -> None:
+    """Unknown tool, invalid arguments, a raising tool, a timeout, a disallowed tool: an ERROR result, then an answer."""
+    env = await start_task(redis, keys, settings, model, ["slow_a", "boom", "hang"])
+    fake.enqueue(tool_reply([call]), text_reply("recovered"))
+    result = await run(env)
+    assert result.stop_reason == "answered" and result.answer == "recovered"
+    (observation,) = tool_results(fake.message_requests[1])
+    assert observation["is_error"] is True
+    assert observation["content"].startswith("ERROR: ") and expect in observation["content"]
+    assert "Traceback" not in observation["content"]
+
+
+async def test_long_output_is_truncated_for_the_model_but_kept_whole_in_the_step(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """A 10,000-character observation reaches the model cut, with a note; the step record keeps all of it."""
+    env = await start_task(redis, keys, settings, model, ["big"], tool_output_limit=500)
+    fake.enqueue(tool_reply([("big", {})]), text_reply("ok"))
+    await run(env)
+    (observation,) = tool_results(fake.message_requests[1])
+    assert len(observation["content"]) < 700 and "truncated: 9500 of 10000 characters" in observation["content"]
+    steps = await AttemptStore(redis, keys, env.goal_id, "t1", 1).steps()
+    assert len(steps[0].outcomes[0].full) == 10_000
+
+
+async def test_repeating_the_same_call_is_warned_then_stopped(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """The same call with the same arguments: first an ERROR saying so, then the task stops as loop_detected."""
+    env = await start_task(redis, keys, settings, model, ["count"])
+    fake.respond_with(lambda req: tool_reply([("count", {"name": "same"})]))
+    result = await run(env)
+    assert result.stop_reason == "loop_detected"
+    assert len(fake.message_requests) == 3
+    (warning,) = tool_results(fake.message_requests[2])
+    assert warning["is_error"] and "already called count" in warning["content"]
+
+
+async def test_a_tight_budget_stops_the_task_and_the_server_billed_no_more(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """With a budget for a few calls, a looping model ends budget_exhausted; the billed total stays within budget."""
+    budget = 6000
+    env = await start_task(redis, keys, settings, model, ["slow_a"], budget=budget, model_max_tokens=300, max_steps=50)
+    calls = iter(range(1000))
+    fake.respond_with(lambda req: tool_reply([("slow_a", {"x": next(calls)})]))
+    result = await run(env)
+    assert result.stop_reason == "budget_exhausted"
+    assert fake.billed.total <= budget
+    assert len(fake.message_requests) >= 2
+    goal = await env.client.get(env.goal_id)
+    assert goal.state is GoalState.BUDGET_EXHAUSTED
+    task = await env.rt.store.get_task(env.goal_id, "t1")
+    assert task.state is TaskState.FAILED and task.reason == "budget_exhausted"
+
+
+async def test_max_steps_and_a_required_tool_nudge(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """An answer without the required tools gets one corrective turn; max_steps then ends the attempt."""
+    env = await start_task(redis, keys, settings, model, ["slow_a"], max_steps=2)
+    fake.enqueue(text_reply("lazy answer"), tool_reply([("slow_a", {"x": 1})]), text_reply("never asked"))
+    result = await run(env)
+    assert result.stop_reason == "max_steps" and result.steps == 2
+    second = fake.message_requests[1].messages[-1]["content"]
+    assert "requires its tools" in json.dumps(second)
+
+
+async def test_max_tokens_gets_one_brevity_retry_then_stops(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """A reply cut at max_tokens is asked once to be brief; cut again, the task stops as max_tokens."""
+    env = await start_task(redis, keys, settings, model, [])
+    fake.enqueue(text_reply("long...", stop_reason="max_tokens"), text_reply("still long", stop_reason="max_tokens"))
+    result = await run(env)
+    assert result.stop_reason == "max_tokens" and len(fake.message_requests) == 2
+    assert "briefly" in json.dumps(fake.message_requests[1].messages[-1])
+
+
+async def test_refusal_stops_with_its_own_reason(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """A refusal ends the attempt as refusal, not as an answer."""
+    env = await start_task(redis, keys, settings, model, [])
+    fake.enqueue(text_reply("I can't help with that.", stop_reason="refusal"))
+    assert (await run(env)).stop_reason == "refusal"
+
+
+async def test_approval_pauses_the_task_and_a_denial_reaches_the_model(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """A requires_approval call pauses in waiting_approval; after a denial the model sees an ERROR with the reason."""
+    env = await start_task(redis, keys, settings, model, ["wipe"])
+    fake.enqueue(tool_reply([("wipe", {"target": "prod"})]), text_reply("ok, not wiping"))
+    await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1), REGISTRY)
+    task = await env.rt.store.get_task(env.goal_id, "t1")
+    assert task.state is TaskState.WAITING_APPROVAL
+    pending = await env.client.approvals(env.goal_id)
+    (call_id,) = pending
+    assert pending[call_id]["tool"] == "wipe" and pending[call_id]["input"] == {"target": "prod"}
+    assert await env.client.decide(env.goal_id, call_id, approved=False, reason="not on a Friday")
+    with pytest.raises(NotFound):  # decided already: the request is gone, the denial stands
+        await env.client.decide(env.goal_id, call_id, approved=True)
+    resume = ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1, resume=1)
+    await execute(env.rt, resume, REGISTRY)
+    result = await env.rt.store.get_result(env.goal_id, "t1", 1)
+    assert result is not None and result.answer == "ok, not wiping"
+    (observation,) = tool_results(fake.message_requests[1])
+    assert observation["is_error"] and "denied by an operator: not on a Friday" in observation["content"]
+    assert len(fake.message_requests) == 2  # the paused turn was not asked again
+
+
+async def test_cancelled_goal_makes_no_model_call(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """An execute job for a cancelled goal returns without calling the model."""
+    env = await start_task(redis, keys, settings, model, [])
+    await env.client.cancel(env.goal_id)
+    await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1), REGISTRY)
+    assert fake.message_requests == []
+
+
+async def test_a_second_copy_of_the_job_does_nothing(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """Running the same execute job twice calls the model once and enqueues one review."""
+    env = await start_task(redis, keys, settings, model, [])
+    fake.enqueue(text_reply("done"))
+    await run(env)
+    await run(env)
+    assert len(fake.message_requests) == 1
+    assert await redis.zcard(keys.queue("critic")) == 1
