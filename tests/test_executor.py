@@ -124,7 +124,7 @@ async def test_tool_failures_become_error_observations_and_the_loop_goes_on(
     call: tuple[str, dict[str, Any]],
     expect: str,
 ) -> None:
-    """Unknown tool, invalid arguments, a raising tool, a timeout, a disallowed tool: an ERROR result, then an answer."""
+    """Unknown, invalid, raising, timing-out or disallowed calls: an ERROR result, then an answer."""
     env = await start_task(redis, keys, settings, model, ["slow_a", "boom", "hang"])
     fake.enqueue(tool_reply([call]), text_reply("recovered"))
     result = await run(env)
