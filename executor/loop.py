@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from bus.ledger import BudgetExhausted
 from bus.runtime import Limits
 from bus.schemas import GoalRecord, TaskResult, TaskSpec, TaskStopReason
+from llm.errors import ModelError
 from llm.estimate import estimate_input_tokens
 from llm.port import ModelPort
 from llm.types import Message, ModelRequest, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock, Usage
@@ -165,6 +166,11 @@ class Loop:
                 except BudgetExhausted as exc:
                     log.warning("task.budget_exhausted", detail=str(exc))
                     return self._result("budget_exhausted", state, usage)
+                except ModelError as exc:
+                    # The SDK already retried what is retryable; the critic decides what happens next
+                    # (a new attempt or a replan) instead of the task being stranded in `running`.
+                    log.warning("task.model_error", error=str(exc), status=exc.status, retryable=exc.retryable)
+                    return self._result("error", state, usage, f"model error: {exc}")
                 await self.store.save_turn(response)
             else:
                 response = pending.turn  # the reply we received before a crash: not asked again

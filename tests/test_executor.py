@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -19,9 +20,10 @@ from bus.schemas import GoalState, Plan, TaskResult, TaskSpec, TaskState
 from bus.store import NotFound
 from executor.handlers import execute
 from executor.registry import ToolRegistry
-from executor.steps import AttemptStore
+from executor.steps import AttemptStore, LeaseLost
 from llm.anthropic import AnthropicModel
 from llm.testing import FakeAnthropicServer, RecordedRequest, text_reply, tool_reply
+from llm.types import ModelResponse, ToolUseBlock, Usage
 from taskloom.settings import Settings
 from taskloom.workers import build_runtime
 
@@ -255,3 +257,80 @@ async def test_a_second_copy_of_the_job_does_nothing(
     await run(env)
     assert len(fake.message_requests) == 1
     assert await redis.zcard(keys.queue("critic")) == 1
+
+
+async def test_an_interrupted_side_effecting_call_is_not_run_again(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer, tmp_path: Any
+) -> None:
+    """A side_effects call that started but stored no result is reported as unknown, never re-run."""
+    import os
+
+    counter = tmp_path / "count.txt"
+    os.environ["TL_COUNTER_FILE"] = str(counter)
+    try:
+        env = await start_task(redis, keys, settings, model, ["charge"])
+        # A previous executor got this turn, marked the charge as started, and died.
+        dead = AttemptStore(redis, keys, env.goal_id, "t1", 1)
+        assert await dead.acquire("dead-worker", ttl=0.05)
+        turn = ModelResponse(
+            content=[ToolUseBlock(id="call_charge", name="charge", input={"amount": 5})],
+            stop_reason="tool_use",
+            usage=Usage(input_tokens=10, output_tokens=5),
+            model="claude-test",
+        )
+        await dead.save_turn(turn)
+        await dead.mark_started("call_charge")
+        await asyncio.sleep(0.1)  # its lease expires
+        fake.enqueue(text_reply("I will check the charge first"))
+        result = await run(env)
+        assert result.answer == "I will check the charge first"
+        (observation,) = tool_results(fake.message_requests[0])
+        assert observation["is_error"] and "outcome of this charge call is unknown" in observation["content"]
+        assert not counter.exists()  # the charge never ran twice (here: never ran in this process at all)
+        assert len(fake.message_requests) == 1  # the turn received before the crash was not asked again
+        with pytest.raises(LeaseLost):
+            await dead.save_turn(turn)  # the dead worker's epoch can no longer write
+    finally:
+        del os.environ["TL_COUNTER_FILE"]
+
+
+async def test_cancel_during_a_tool_call_stops_the_task(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """Cancelling the goal while a tool runs stops the call and the attempt; no further model call, no review."""
+    env = await start_task(redis, keys, settings, model, ["sleepy"])
+    fake.enqueue(tool_reply([("sleepy", {"seconds": 20})]))
+    job = asyncio.create_task(execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1), REGISTRY))
+    await asyncio.sleep(0.3)
+    await env.client.cancel(env.goal_id)
+    await asyncio.wait_for(job, 3)
+    result = await env.rt.store.get_result(env.goal_id, "t1", 1)
+    assert result is not None and result.stop_reason == "cancelled"
+    assert len(fake.message_requests) == 1
+    assert await redis.zcard(keys.queue("critic")) == 0
+
+
+async def test_pause_turn_continues_with_the_same_turn(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """pause_turn is not an end: the turn is sent back and the model continues to an answer."""
+    env = await start_task(redis, keys, settings, model, [])
+    fake.enqueue(text_reply("thinking...", stop_reason="pause_turn"), text_reply("final"))
+    result = await run(env)
+    assert result.stop_reason == "answered" and result.answer == "final" and result.steps == 2
+    assert fake.message_requests[1].messages[-1]["role"] == "assistant"
+
+
+async def test_long_histories_are_condensed_before_the_call(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """Past the token threshold, older observations are cut to stubs; the newest stay whole."""
+    env = await start_task(redis, keys, settings, model, ["big"], tool_output_limit=9000)
+    env.rt = replace(env.rt, limits=replace(env.rt.limits, compact_after_tokens=3000))
+    fake.enqueue(*(tool_reply([("big", {"n": i})]) for i in range(4)), text_reply("done"))
+    assert (await run(env)).answer == "done"
+    last = fake.message_requests[4].messages
+    contents = [
+        b["content"] for m in last if m["role"] == "user" for b in m["content"] if b.get("type") == "tool_result"
+    ]
+    assert len(contents) == 4 and "condensed" in contents[0] and len(contents[-1]) > 9000

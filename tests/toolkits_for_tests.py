@@ -54,6 +54,13 @@ async def hang() -> str:
 
 
 @kit.tool
+async def sleepy(seconds: float) -> str:
+    """Sleeps (uses the gateway's default timeout)."""
+    await asyncio.sleep(seconds)
+    return "awake"
+
+
+@kit.tool
 def count(name: str) -> str:
     """Counts how often it runs (across processes)."""
     _count(name)
@@ -61,7 +68,7 @@ def count(name: str) -> str:
 
 
 @kit.tool
-def big() -> str:
+def big(n: int = 0) -> str:
     """Returns a long output."""
     return "x" * 10_000
 

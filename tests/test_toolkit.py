@@ -1,0 +1,167 @@
+"""The public toolkit API, toolkit loading, and the loop's pure decisions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from executor import policy
+from executor.gateway import truncate
+from executor.registry import ToolLoadError, ToolRegistry, load_registry
+from executor.toolkit import ToolContext, ToolDefinitionError, Toolkit
+from llm.pairing import check_tool_pairing
+from llm.types import Message, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock, Usage
+from taskloom import Toolkit as PublicToolkit
+
+
+def test_functions_become_tools_with_a_schema_from_their_parameters() -> None:
+    """Name and description come from the function; typed parameters become the input schema; ctx is hidden."""
+    kit = Toolkit("k")
+
+    @kit.tool(read_only=True)
+    async def lookup(order_id: str, verbose: bool = False) -> str:
+        """Find an order."""
+        return order_id
+
+    @kit.tool(name="svc.charge", description="Charge a card.", side_effects=True, timeout=5)
+    def charge(amount: int, ctx: ToolContext) -> str:
+        return ctx.idempotency_key
+
+    t = kit.tools["lookup"]
+    assert t.description == "Find an order." and t.read_only and not t.side_effects
+    schema = t.definition.input_schema
+    assert schema["required"] == ["order_id"] and set(schema["properties"]) == {"order_id", "verbose"}
+    c = kit.tools["svc.charge"]
+    assert c.side_effects and c.timeout == 5 and c.description == "Charge a card."
+    assert set(c.definition.input_schema["properties"]) == {"amount"}  # the context is not shown to the model
+    ctx = ToolContext(goal_id="g", task_id="t", attempt=2, step=3, call_id="c")
+    out = asyncio.run(c.invoke(c.params(amount=5), ctx))
+    assert out == "g:t:2:3:c"
+    assert PublicToolkit is Toolkit
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "has space"}, "must match"),
+        ({"read_only": True, "side_effects": True}, "both read_only and side_effects"),
+        ({"timeout": 0}, "timeout must be > 0"),
+    ],
+)
+def test_bad_tool_definitions_are_refused(kwargs: dict[str, object], message: str) -> None:
+    """A tool the model could not use, or with contradictory flags, fails at definition time."""
+    kit = Toolkit()
+    with pytest.raises(ToolDefinitionError, match=message):
+
+        @kit.tool(**kwargs)  # type: ignore[call-overload]
+        def f(x: int) -> int:
+            return x
+
+
+def test_untyped_parameters_and_duplicates_are_refused() -> None:
+    """Every parameter needs a type; one toolkit cannot hold two tools of one name."""
+    kit = Toolkit()
+    with pytest.raises(ToolDefinitionError, match="needs a type annotation"):
+
+        @kit.tool
+        def f(x) -> int:  # type: ignore[no-untyped-def]
+            return 1
+
+    @kit.tool
+    def g(x: int) -> int:
+        return x
+
+    with pytest.raises(ToolDefinitionError, match="already has a tool named 'g'"):
+        kit.tool(g)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nocolon", "not of the form module:attribute"),
+        ("no_such_module_xyz:kit", "cannot import module 'no_such_module_xyz'"),
+        ("executor.demo_tools:nothing", "has no attribute 'nothing'"),
+        ("executor.demo_tools:ORDERS", "is a dict, not a taskloom Toolkit"),
+    ],
+)
+def test_bad_toolkit_paths_are_clear_errors(spec: str, message: str) -> None:
+    """TASKLOOM_TOOLS pointing at nothing usable names the variable and what is wrong."""
+    with pytest.raises(ToolLoadError, match=message) as exc:
+        load_registry(spec)
+    assert "TASKLOOM_TOOLS" in str(exc.value)
+
+
+def test_registry_loads_named_toolkits_and_refuses_name_clashes() -> None:
+    """module:attribute loads a toolkit; two toolkits with one tool name clash loudly."""
+    reg = load_registry("executor.demo_tools:support")
+    assert {"lookup_order", "refund_policy", "check_refund_eligibility", "issue_refund"} <= set(reg.names())
+    with pytest.raises(ToolLoadError, match="lookup_order"):
+        load_registry("executor.demo_tools:support, executor.demo_tools:support")
+    assert ToolRegistry().names() == []
+
+
+def test_truncate_says_how_much_was_cut() -> None:
+    """Output over the limit is cut with a note of the size; output under it is untouched."""
+    assert truncate("abc", 5) == "abc"
+    assert truncate("x" * 20, 5) == "xxxxx\n[... truncated: 15 of 20 characters not shown]"
+
+
+def _resp(stop: str, blocks: list[object]) -> ModelResponse:
+    return ModelResponse(content=blocks, stop_reason=stop, usage=Usage(), model="m")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("stop", "tools", "notes", "requires", "calls", "action"),
+    [
+        ("end_turn", False, set(), False, 0, "answer"),
+        ("end_turn", False, set(), True, 0, "nudge_use_tools"),
+        ("end_turn", False, {"use_tools"}, True, 0, "answer"),
+        ("end_turn", False, set(), True, 2, "answer"),
+        ("tool_use", True, set(), False, 0, "tools"),
+        ("max_tokens", False, set(), False, 0, "nudge_brevity"),
+        ("max_tokens", False, {"brevity"}, False, 0, "stop_max_tokens"),
+        ("max_tokens", True, set(), False, 0, "tools"),
+        ("pause_turn", False, set(), False, 0, "continue"),
+        ("refusal", False, set(), False, 0, "stop_refusal"),
+        ("model_context_window_exceeded", False, set(), False, 0, "stop_context"),
+    ],
+)
+def test_classify_replies(stop: str, tools: bool, notes: set[str], requires: bool, calls: int, action: str) -> None:
+    """Each stop reason maps to one action; nudges are given once."""
+    blocks: list[object] = [ToolUseBlock(id="c1", name="t", input={})] if tools else [TextBlock(text="x")]
+    state = policy.LoopState(tool_calls=calls, notes=notes)
+    assert policy.classify(_resp(stop, blocks), state, requires) == action
+
+
+@pytest.mark.parametrize(
+    ("steps", "elapsed", "cancelled", "expect"),
+    [(0, 0.0, False, None), (5, 0.0, False, "max_steps"), (1, 10.0, False, "deadline"), (1, 0.0, True, "cancelled")],
+)
+def test_stop_before_call(steps: int, elapsed: float, cancelled: bool, expect: str | None) -> None:
+    """max_steps, the wall-clock deadline and cancellation each stop the loop with their own reason."""
+    state = policy.LoopState(steps=steps)
+    assert policy.stop_before_call(state, max_steps=5, elapsed=elapsed, timeout=10, cancelled=cancelled) == expect
+
+
+def test_repeat_is_warned_then_stopped_within_the_window() -> None:
+    """A call repeated within the window warns; after a warning it stops; outside the window it is fine."""
+    state = policy.LoopState(recent_calls=[("t", "d1"), ("t", "d2"), ("u", "d3")])
+    assert policy.check_repeat(state, "t", "d1", window=3) == "warn"
+    assert policy.check_repeat(state, "t", "d1", window=2) == "ok"
+    state.notes.add("repeat")
+    assert policy.check_repeat(state, "t", "d2", window=3) == "stop"
+    assert policy.check_repeat(state, "t", "d9", window=3) == "ok"
+
+
+def test_condense_keeps_every_tool_pair_valid() -> None:
+    """Condensing shrinks old observations but keeps every tool_use answered at the start of the next message."""
+    msgs = [Message.user("task")]
+    for i in range(6):
+        msgs.append(Message(role="assistant", content=[ToolUseBlock(id=f"c{i}", name="t", input={"i": i})]))
+        msgs.append(Message(role="user", content=[ToolResultBlock(tool_use_id=f"c{i}", content="y" * 5000)]))
+    out = policy.condense(msgs, keep_last=2)
+    check_tool_pairing(out)
+    sizes = [len(m.content[0].content) for m in out[2::2]]  # type: ignore[union-attr]
+    assert all(s < 400 for s in sizes[:4]) and sizes[4:] == [5000, 5000]
+    assert out[0] == msgs[0]
