@@ -303,6 +303,65 @@ def ledger(goal_id: str, as_json: JsonOpt = False) -> None:
     out.print(table)
 
 
+DEMO_GOAL = "Can orders A100, A101 and A107 be refunded? Today is 2026-10-13."
+DEMO_DOD = "For each order: whether it can be refunded, why, and the refund deadline."
+
+
+def _run(goal: Goal, settings: Settings, local: bool, as_json: bool, timeout: float | None) -> None:
+    from .runner import run_goal, summary
+
+    console = Console(stderr=True) if as_json else out
+    configure_logging("WARNING", json=True, stream=sys.stderr)  # worker logs stay out of the live view
+    try:
+        record, books = asyncio.run(run_goal(settings, goal, local=local, console=console, timeout=timeout))
+    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
+        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
+    except (ModelConfigError, ToolLoadError) as exc:
+        _fail(EXIT_INVALID, str(exc))
+    if as_json:
+        _print_json(summary(record, books))
+    else:
+        spent = f"{books.spent:,} of {books.budget:,} tokens (${books.cost_usd:.4f})" if books else ""
+        out.print(f"\n[bold]{record.state.value}[/]  {spent}")
+        if record.answer:
+            out.print(f"\n[bold]answer[/]\n{record.answer}", highlight=False)
+        elif record.reason:
+            out.print(f"reason: {record.reason}", highlight=False)
+    raise typer.Exit(_goal_exit(record))
+
+
+@app.command()
+def run(
+    text: Annotated[str, typer.Argument(help="the goal, in natural language")],
+    dod: Annotated[str, typer.Option("--dod", help="definition of done")] = "",
+    budget: Annotated[int | None, typer.Option(help="token budget")] = None,
+    local: Annotated[bool, typer.Option(help="run planner, executor and critic in this process")] = False,
+    timeout: Annotated[float | None, typer.Option(help="stop watching after this many seconds")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a goal, show its DAG live, print the final answer. Exit 0 only if it succeeded."""
+    raw: dict[str, Any] = {"text": text, "definition_of_done": dod}
+    if budget is not None:
+        raw["budget_tokens"] = budget
+    try:
+        goal = Goal.model_validate(raw)
+    except ValidationError as exc:
+        _fail(EXIT_INVALID, _validation_message(exc))
+    _run(goal, _settings(), local, as_json, timeout)
+
+
+@app.command()
+def demo(
+    as_json: JsonOpt = False,
+    timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 120,
+) -> None:
+    """The whole system on this machine, no set-up: embedded Redis, the offline demo model, the
+    support-desk toolkit, all workers in this process, on a refund question over three orders."""
+    settings = _settings().model_copy(update={"model": "demo", "tools": ""})
+    goal = Goal(text=DEMO_GOAL, definition_of_done=DEMO_DOD, budget_tokens=100_000)
+    _run(goal, settings, True, as_json, timeout)
+
+
 @app.command()
 def approve(goal_id: str, call_id: str, as_json: JsonOpt = False) -> None:
     """Approve a tool call that awaits approval; its task resumes."""

@@ -1,0 +1,129 @@
+"""`taskloom run` and `taskloom demo`: submit one goal, show its progress live, return how it ended.
+
+With `local`, the three roles run in this process (on the same Redis), so one command is a whole
+system; without it, the goal is handed to whatever workers are running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+from rich.tree import Tree
+
+from bus.client import Client, GoalStatus
+from bus.connection import connect
+from bus.keys import ROLES
+from bus.ledger import Ledger, LedgerNotFound, LedgerSnapshot
+from bus.schemas import Goal, GoalRecord, TaskState
+from llm.port import ModelPort
+
+from .settings import Settings
+from .workers import keys_for, run_workers
+
+STATE_STYLE = {
+    TaskState.PENDING: "dim",
+    TaskState.READY: "cyan",
+    TaskState.RUNNING: "yellow",
+    TaskState.WAITING_APPROVAL: "magenta",
+    TaskState.REVIEWING: "blue",
+    TaskState.RETRYING: "bold yellow",
+    TaskState.DONE: "green",
+    TaskState.FAILED: "red",
+    TaskState.CANCELLED: "red",
+    TaskState.SUPERSEDED: "dim strike",
+}
+
+
+def render(status: GoalStatus, ledger: LedgerSnapshot | None, elapsed: float) -> Group:
+    goal = status.goal
+    spent = f"{ledger.spent:,} / {ledger.budget:,} tokens" if ledger else f"budget {goal.budget_tokens:,}"
+    head = Text.assemble(
+        (f"{goal.id[:12]} ", "bold"),
+        (goal.state.value, "bold cyan"),
+        f"  plan v{goal.plan_version}  {spent}  {elapsed:5.1f}s",
+    )
+    tree = Tree(head)
+    specs = {t.id: t for t in status.plan.plan.tasks} if status.plan else {}
+    records = {t.task_id: t for t in status.tasks}
+    for task_id, spec in specs.items():
+        rec = records.get(task_id)
+        state = rec.state if rec else TaskState.PENDING
+        deps = f" (after {', '.join(spec.depends_on)})" if spec.depends_on else ""
+        attempt = f" attempt {rec.attempt}" if rec and rec.attempt > 1 else ""
+        tree.add(Text.assemble((f"{state.value:<16}", STATE_STYLE[state]), f"{task_id}: {spec.title}{deps}{attempt}"))
+    return Group(tree)
+
+
+async def follow(client: Client, goal_id: str, console: Console, timeout: float | None) -> GoalRecord:
+    """Redraw the goal's DAG on every event until it ends."""
+    ledger = Ledger(client.redis, client.keys)
+    started = time.monotonic()
+    after: str | None = None
+
+    async def snapshot() -> tuple[GoalStatus, LedgerSnapshot | None]:
+        status = await client.status(goal_id)
+        try:
+            books: LedgerSnapshot | None = await ledger.snapshot(goal_id)
+        except LedgerNotFound:
+            books = None
+        return status, books
+
+    status, books = await snapshot()
+    with Live(render(status, books, 0), console=console, refresh_per_second=8, transient=False) as live:
+        while not status.goal.terminal:
+            if timeout is not None and time.monotonic() - started > timeout:
+                break
+            events = await client.log.read(goal_id, after=after, block_ms=250)
+            if events:
+                after = events[-1].position
+            status, books = await snapshot()
+            live.update(render(status, books, time.monotonic() - started))
+    return status.goal
+
+
+async def run_goal(
+    settings: Settings,
+    goal: Goal,
+    *,
+    local: bool,
+    console: Console,
+    model: ModelPort | None = None,
+    timeout: float | None = None,
+) -> tuple[GoalRecord, LedgerSnapshot | None]:
+    stop = asyncio.Event()
+    workers: asyncio.Task[None] | None = None
+    async with connect(settings.redis_url, settings.home) as redis:
+        client = Client(redis, keys_for(settings), settings.default_budget_tokens, settings.events_maxlen)
+        if local:
+            workers = asyncio.create_task(run_workers(list(ROLES), settings, stop=stop, model=model))
+        try:
+            goal_id = await client.submit(goal)
+            console.print(f"goal [bold]{goal_id}[/]: {goal.text}", highlight=False)
+            record = await follow(client, goal_id, console, timeout)
+            try:
+                books: LedgerSnapshot | None = await Ledger(redis, client.keys).snapshot(goal_id)
+            except LedgerNotFound:
+                books = None
+        finally:
+            stop.set()
+            if workers is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await workers
+    return record, books
+
+
+def summary(record: GoalRecord, books: LedgerSnapshot | None) -> dict[str, Any]:
+    return {
+        "goal_id": record.id,
+        "state": record.state.value,
+        "answer": record.answer,
+        "reason": record.reason,
+        "tokens_spent": books.spent if books else None,
+        "budget": record.budget_tokens,
+    }
