@@ -140,6 +140,11 @@ return 1
 _SAVE_PLAN = """
 local cur = redis.call('HGET', KEYS[1], 'plan_version')
 if not cur then return {'missing'} end
+-- An ended goal takes no new plan (a cancel may land between the planner's read and this write).
+local st = redis.call('HGET', KEYS[1], 'state')
+if st == 'succeeded' or st == 'failed' or st == 'cancelled' or st == 'budget_exhausted' then
+  return {'ended', st}
+end
 if cur ~= ARGV[1] then return {'stale', cur} end
 local v = tonumber(cur) + 1
 redis.call('SET', KEYS[2], ARGV[2])
@@ -368,6 +373,8 @@ class Store:
         tag = _s(out[0])
         if tag == "missing":
             raise NotFound("goal", goal_id)
+        if tag == "ended":
+            raise IllegalTransition(f"goal {goal_id}", _s(out[1]), "a new plan")
         if tag == "stale":
             raise StaleWrite(f"plan of goal {goal_id}", f"version {expected_version}", f"version {_s(out[1])}")
         return int(_s(out[1]))
@@ -422,14 +429,19 @@ class Store:
         reason: str | None = None,
         feedback: str | None = None,
         plan_version: int | None = None,
+        expected_state: TaskState | None = None,
         data: dict[str, Any] | None = None,
     ) -> bool:
         """Move a task to `target`. True if it moved, False if it was already there.
 
         `expected_attempt` fences the write: a worker holding an older attempt gets `StaleWrite`.
         `attempt` sets the new attempt number (dispatching a retry); `plan_version` re-homes a task
-        that a replan keeps or brings back.
+        that a replan keeps or brings back. `expected_state` narrows the legal sources to that one
+        state, checked in the same script (a late writer cannot move a task that moved on).
         """
+        sources = task_sources(target)
+        if expected_state is not None:
+            sources = sources & {expected_state}
         patch: dict[str, str | int] = {"updated_at": utcnow().isoformat()}
         if plan_version is not None:
             patch["plan_version"] = plan_version
@@ -454,7 +466,7 @@ class Store:
             self._task_key(goal_id, task_id),
             goal_id,
             target.value,
-            task_sources(target),
+            sources,
             expected_attempt,
             event,
             patch,

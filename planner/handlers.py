@@ -1,32 +1,327 @@
-"""Planner job handlers. Each is safe to run twice: arq delivers at least once.
+"""Planner job handlers: `plan`, `advance`, `replan` (docs/internals.md is the contract).
 
-The planning logic itself (model call, DAG validation, dispatch) arrives with the planner issue;
-here the goal is claimed for planning, which is what a re-delivered or reconciled job must see.
+Each is safe to run twice (arq delivers at least once): it starts from the stored state, skips the
+steps that already happened and redoes only idempotent ones (enqueueing a job with a deterministic
+id, moving a record to the state it is already in). A goal that has ended gets no model call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import TypeVar
+
 import structlog
 
-from bus.jobs import AdvanceJob, PlanJob, ReplanJob
+from bus.jobs import AdvanceJob, ExecuteJob, PlanJob, ReplanJob, ReviewGoalJob
 from bus.runtime import Runtime
-from bus.schemas import GoalState
+from bus.schemas import GoalRecord, GoalState, Plan, StoredPlan, TaskRecord, TaskResult, TaskState
+from bus.store import IllegalTransition, StaleWrite
+
+from .ask import PlanOutcome, ask_for_plan
+from .dag import all_done, ready_tasks, validate_plan
+from .prompts import SYSTEM, plan_prompt, replan_prompt, usable_tools
+from .reconcile import reconcile
 
 log = structlog.get_logger("taskloom.planner")
 
+# A plan is one tool call holding every task: it needs more room than one executor step.
+PLAN_TOKENS_FACTOR = 4
+
+T = TypeVar("T")
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
 
 async def plan(rt: Runtime, job: PlanJob) -> None:
+    """Make the first plan (model + validation), store it as version 1, start the goal, dispatch."""
     goal = await rt.store.get_goal(job.goal_id)
-    if goal.state != GoalState.SUBMITTED and goal.state != GoalState.PLANNING:
-        log.info("plan.skipped", state=goal.state.value)  # cancelled, or a duplicate delivery
+    if goal.terminal or goal.state not in (GoalState.SUBMITTED, GoalState.PLANNING):
+        await _resume(rt, goal, "plan")
         return
-    moved = await rt.store.transition_goal(job.goal_id, GoalState.PLANNING)
-    log.info("plan.claimed" if moved else "plan.resumed")
+    if goal.state is GoalState.SUBMITTED:
+        if not await _move_goal(rt, goal.id, GoalState.PLANNING):
+            return
+        log.info("plan.claimed")
+    else:
+        log.info("plan.resumed")  # a run died while planning; its plan may already be stored
+    stored = await _first_plan(rt, goal)
+    if stored is None or not await _move_goal(rt, goal.id, GoalState.RUNNING):
+        return
+    await _dispatch_and_review(rt, goal.id, stored)
 
 
 async def advance(rt: Runtime, job: AdvanceJob) -> None:
-    log.info("advance.received")
+    """After an accepted task: dispatch what became ready; when all is done, ask for the goal review."""
+    goal = await rt.store.get_goal(job.goal_id)
+    await _resume(rt, goal, "advance")
 
 
 async def replan(rt: Runtime, job: ReplanJob) -> None:
-    log.info("replan.received", reason=job.reason)
+    """Replace plan `job.plan_version` by a new one, keeping accepted work (bounded by `max_replans`)."""
+    goal = await rt.store.get_goal(job.goal_id)
+    if goal.terminal or goal.state is not GoalState.REPLANNING:
+        await _resume(rt, goal, "replan")
+        return
+    if goal.plan_version == job.plan_version + 1:
+        # The new plan was stored by a run that stopped before the goal went back to running.
+        old = await rt.store.get_plan(goal.id, job.plan_version)
+        await _finish_replan(rt, goal, old.plan, await rt.store.get_plan(goal.id, goal.plan_version))
+        return
+    if goal.plan_version != job.plan_version:
+        log.info("replan.skipped", plan_version=goal.plan_version, job_plan_version=job.plan_version)
+        return
+    current = await rt.store.get_plan(goal.id, goal.plan_version)
+    records = await rt.store.get_tasks(goal.id)
+    if goal.replans >= rt.limits.max_replans:
+        report = _failure_report(current.plan, records, job.reason)
+        await _stop(rt, goal.id, GoalState.FAILED, f"gave up after {goal.replans} replans: {report}")
+        return
+    stored = await _new_plan(rt, goal, current, records, job.reason)
+    if stored is not None:
+        await _finish_replan(rt, goal, current.plan, stored)
+
+
+# -- resuming: what a job finds when its own step already happened -----------------------------
+
+
+async def _resume(rt: Runtime, goal: GoalRecord, job: str) -> None:
+    """Redo the idempotent tail of the goal's current step (dispatch, or the review_goal enqueue)."""
+    if goal.state is GoalState.RUNNING:
+        await _dispatch_and_review(rt, goal.id, await rt.store.get_plan(goal.id, goal.plan_version))
+    elif goal.state is GoalState.REVIEWING:
+        await rt.jobs.enqueue(ReviewGoalJob(goal_id=goal.id, plan_version=goal.plan_version))
+    else:
+        # Ended (no model call, nothing to do), or a replan is under way and will dispatch itself.
+        log.info(f"{job}.skipped", state=goal.state.value)
+
+
+# -- planning ---------------------------------------------------------------------------------
+
+
+def _validator(rt: Runtime, goal: GoalRecord) -> tuple[list[str], set[str] | None]:
+    allowed = set(goal.goal.allowed_tools) if goal.goal.allowed_tools is not None else None
+    return [t.name for t in rt.tool_catalog], allowed
+
+
+async def _ask(rt: Runtime, goal: GoalRecord, prompt: str, purpose: str) -> PlanOutcome | None:
+    known, allowed = _validator(rt, goal)
+
+    def validate(p: Plan) -> list[str]:
+        return validate_plan(p, known_tools=known, allowed_tools=allowed, max_tasks=rt.limits.max_plan_tasks)
+
+    return await _budgeted(
+        rt,
+        goal.id,
+        ask_for_plan(
+            rt.model_for(goal.id),
+            system=SYSTEM,
+            prompt=prompt,
+            validate=validate,
+            attempts=rt.limits.max_plan_attempts,
+            max_tokens=rt.limits.model_max_tokens * PLAN_TOKENS_FACTOR,
+            metadata={"goal_id": goal.id, "role": "planner", "purpose": purpose},
+        ),
+    )
+
+
+async def _first_plan(rt: Runtime, goal: GoalRecord) -> StoredPlan | None:
+    if goal.plan_version >= 1:
+        # Stored by a run that stopped before the goal went to running: use it, do not ask again.
+        return await rt.store.get_plan(goal.id, goal.plan_version)
+    tools = usable_tools(rt.tool_catalog, goal.goal.allowed_tools)
+    outcome = await _ask(rt, goal, plan_prompt(goal.goal, tools, rt.limits.max_plan_tasks), "plan")
+    if outcome is None:
+        return None
+    if outcome.plan is None:
+        await _stop(rt, goal.id, GoalState.FAILED, _no_plan_reason(outcome))
+        return None
+    return await _store(rt, goal.id, outcome.plan, expected_version=0, reason="first plan")
+
+
+async def _new_plan(
+    rt: Runtime, goal: GoalRecord, current: StoredPlan, records: dict[str, TaskRecord], reason: str
+) -> StoredPlan | None:
+    results = await _accepted_results(rt, goal.id, current.plan, records)
+    tools = usable_tools(rt.tool_catalog, goal.goal.allowed_tools)
+    prompt = replan_prompt(
+        goal.goal,
+        tools,
+        rt.limits.max_plan_tasks,
+        current=current.plan,
+        version=current.version,
+        records=records,
+        results=results,
+        reason=reason,
+        result_limit=rt.limits.dependency_result_limit,
+    )
+    outcome = await _ask(rt, goal, prompt, "replan")
+    if outcome is None:
+        return None
+    if outcome.plan is None:
+        await _stop(rt, goal.id, GoalState.FAILED, _no_plan_reason(outcome))
+        return None
+    why = f"replan of version {current.version}" + (f": {reason}" if reason else "")
+    return await _store(rt, goal.id, outcome.plan, expected_version=current.version, reason=why)
+
+
+async def _store(rt: Runtime, goal_id: str, new: Plan, *, expected_version: int, reason: str) -> StoredPlan | None:
+    """Save the plan; if another run saved this version first, continue with the one it stored."""
+    if (await rt.store.get_goal(goal_id)).terminal:
+        log.info("plan.discarded", reason="the goal ended while the plan was being made")
+        return None
+    try:
+        version = await rt.store.save_plan(goal_id, new, expected_version=expected_version, reason=reason)
+    except StaleWrite:
+        log.info("plan.already_stored", expected_version=expected_version)
+        return await rt.store.get_plan(goal_id, expected_version + 1)
+    log.info("plan.stored", version=version, tasks=[t.id for t in new.tasks])
+    return await rt.store.get_plan(goal_id, version)
+
+
+async def _finish_replan(rt: Runtime, goal: GoalRecord, old: Plan, new: StoredPlan) -> None:
+    records = await rt.store.get_tasks(goal.id)
+    moves = reconcile(old, new.plan, records, new.version)
+    for tid in moves.supersede:
+        await _move_task(rt, goal.id, tid, TaskState.SUPERSEDED, reason=f"dropped or changed by plan v{new.version}")
+    for tid in moves.restore:
+        # Feedback and reason belonged to the old spec; the returning task starts clean.
+        await _move_task(rt, goal.id, tid, TaskState.PENDING, plan_version=new.version, reason="", feedback="")
+    log.info("plan.replanned", version=new.version, kept=moves.keep, superseded=moves.supersede, restored=moves.restore)
+    if await _move_goal(rt, goal.id, GoalState.RUNNING, fields={"replans": goal.replans + 1}):
+        await _dispatch_and_review(rt, goal.id, new)
+
+
+# -- dispatch ---------------------------------------------------------------------------------
+
+
+async def _dispatch_and_review(rt: Runtime, goal_id: str, stored: StoredPlan) -> None:
+    """Dispatch every ready task; when every task of the plan is done, hand the goal to review."""
+    records = await rt.store.get_tasks(goal_id)
+    states = {tid: rec.state for tid, rec in records.items()}
+    for tid in ready_tasks(stored.plan, states):
+        if tid in records:
+            await _dispatch(rt, records[tid])
+    for spec in stored.plan.tasks:
+        rec = records.get(spec.id)
+        if rec is not None and rec.state is TaskState.READY:
+            # Claimed by a run that stopped before its enqueue; the deterministic job id dedupes.
+            await rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=rec.task_id, attempt=rec.attempt))
+    if all_done(stored.plan, states) and await _move_goal(rt, goal_id, GoalState.REVIEWING):
+        await rt.jobs.enqueue(ReviewGoalJob(goal_id=goal_id, plan_version=stored.version))
+        log.info("plan.all_done", version=stored.version)
+
+
+async def _dispatch(rt: Runtime, rec: TaskRecord) -> None:
+    """pending -> ready (the atomic claim) with the next attempt, then enqueue the execute job.
+
+    Attempts keep counting across plan versions: a task a replan brings back must not reuse an
+    attempt number, whose job id and stored result already exist.
+    """
+    attempt = rec.attempt + 1
+    try:
+        claimed = await rt.store.transition_task(rec.goal_id, rec.task_id, TaskState.READY, attempt=attempt)
+    except IllegalTransition as exc:
+        log.info("task.dispatch_skipped", task_id=rec.task_id, state=exc.current)  # moved on meanwhile
+        return
+    if not claimed:
+        # Already ready: claimed concurrently, or by a crashed run; enqueue its attempt anyway.
+        now = await rt.store.get_task(rec.goal_id, rec.task_id)
+        if now.state is not TaskState.READY:
+            return
+        attempt = now.attempt
+    await rt.jobs.enqueue(ExecuteJob(goal_id=rec.goal_id, task_id=rec.task_id, attempt=attempt))
+    log.info("task.dispatched", task_id=rec.task_id, attempt=attempt, claimed=claimed)
+
+
+# -- small I/O helpers ------------------------------------------------------------------------
+
+
+async def _accepted_results(
+    rt: Runtime, goal_id: str, current: Plan, records: dict[str, TaskRecord]
+) -> dict[str, TaskResult]:
+    out: dict[str, TaskResult] = {}
+    for spec in current.tasks:
+        rec = records.get(spec.id)
+        if rec is not None and rec.state is TaskState.DONE and rec.attempt >= 1:
+            result = await rt.store.get_result(goal_id, spec.id, rec.attempt)
+            if result is not None:
+                out[spec.id] = result
+    return out
+
+
+async def _move_goal(
+    rt: Runtime,
+    goal_id: str,
+    target: GoalState,
+    *,
+    reason: str | None = None,
+    fields: dict[str, str | int] | None = None,
+) -> bool:
+    """True when the goal is now in `target` (moved, or already there); False if it went elsewhere."""
+    try:
+        await rt.store.transition_goal(goal_id, target, reason=reason, fields=fields)
+    except IllegalTransition as exc:
+        log.info("goal.moved_on", target=target.value, state=exc.current)
+        return False
+    return True
+
+
+async def _move_task(
+    rt: Runtime,
+    goal_id: str,
+    task_id: str,
+    target: TaskState,
+    *,
+    reason: str | None = None,
+    feedback: str | None = None,
+    plan_version: int | None = None,
+) -> None:
+    try:
+        await rt.store.transition_task(
+            goal_id, task_id, target, reason=reason, feedback=feedback, plan_version=plan_version
+        )
+    except IllegalTransition as exc:
+        log.info("task.moved_on", task_id=task_id, target=target.value, state=exc.current)
+
+
+async def _stop(rt: Runtime, goal_id: str, target: GoalState, reason: str) -> None:
+    log.warning("plan.goal_stopped", state=target.value, reason=reason)
+    await _move_goal(rt, goal_id, target, reason=reason)
+
+
+def _is_budget_exhausted(exc: BaseException) -> bool:
+    try:
+        from bus.ledger import BudgetExhausted
+    except ImportError:  # the ledger lands separately; match by name until then
+        return type(exc).__name__ == "BudgetExhausted"
+    return isinstance(exc, BudgetExhausted)
+
+
+async def _budgeted(rt: Runtime, goal_id: str, call: Awaitable[T]) -> T | None:
+    """Await a model-calling coroutine; a refused budget ends the goal (None) instead of failing the job."""
+    try:
+        return await call
+    except Exception as exc:
+        if not _is_budget_exhausted(exc):
+            raise
+        await _stop(rt, goal_id, GoalState.BUDGET_EXHAUSTED, str(exc))
+        return None
+
+
+def _no_plan_reason(outcome: PlanOutcome) -> str:
+    listed = " ".join(outcome.problems)
+    return f"no valid plan after {outcome.attempts} attempts: {listed}"
+
+
+def _failure_report(current: Plan, records: dict[str, TaskRecord], reason: str) -> str:
+    lines = []
+    for spec in current.tasks:
+        rec = records.get(spec.id)
+        why = rec and rec.state is not TaskState.DONE and (rec.reason or rec.feedback)
+        if rec is not None and why:
+            lines.append(f"task {spec.id} {rec.state.value}: {why}")
+    return "; ".join([*([reason] if reason else []), *lines]) or "no details"
+
+
+__all__ = ["advance", "plan", "replan"]

@@ -1,0 +1,88 @@
+"""What the critic tells the model. Pure functions of the goal, the task and the results.
+
+A task review shows the goal, the task's instructions, its definition of done and the answer
+verbatim (the reviewer judges the answer against the definition of done, nothing else).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bus.schemas import Goal, TaskResult, TaskSpec, Verdict, json_schema
+from llm.types import ToolDef
+
+VERDICT_TOOL = "submit_verdict"
+
+VERDICT_TOOL_DEF = ToolDef(
+    name=VERDICT_TOOL,
+    description=(
+        "Submit the verdict: passed=true with action 'accept' when the answer meets the definition of "
+        "done; otherwise passed=false, feedback saying exactly what is missing or wrong, and action "
+        "'retry' (the same task can fix it) or 'replan' (the task as planned cannot succeed)."
+    ),
+    input_schema=json_schema(Verdict),
+)
+
+REVIEW_SYSTEM = """You are the reviewer of a team of AI workers. You check one task's answer against \
+its definition of done and call the submit_verdict tool exactly once.
+- Accept when the answer meets the definition of done; do not ask for more than it requires.
+- Otherwise give feedback the worker can act on, and choose 'retry' when another attempt at the same \
+task can fix it, 'replan' when the task itself is wrong or impossible."""
+
+ANSWER_SYSTEM = """You write the final answer to a goal from the accepted results of the tasks that \
+worked on it. Answer the goal directly and completely, using only what the results establish. \
+Reply with the answer as plain text."""
+
+GOAL_REVIEW_SYSTEM = """You are the reviewer of a team of AI workers. You check the final answer to a \
+goal against the goal and its definition of done, and call the submit_verdict tool exactly once: \
+'accept' when it meets them; otherwise feedback saying what is missing, with action 'replan'."""
+
+DEFAULT_GOAL_DOD = "The answer fully and correctly answers the goal."
+
+
+def review_prompt(goal: Goal, spec: TaskSpec, result: TaskResult, earlier_feedback: str | None) -> str:
+    parts = [
+        f"Goal of the whole team:\n{goal.text}",
+        f"Task '{spec.id}': {spec.title}\nInstructions:\n{spec.instructions}",
+        f"Definition of done:\n{spec.definition_of_done}",
+    ]
+    if earlier_feedback:
+        parts.append(f"Feedback given on the previous attempt:\n{earlier_feedback}")
+    parts.append(f"Answer (attempt {result.attempt}):\n{result.answer}")
+    parts.append("Judge the answer against the definition of done and call submit_verdict.")
+    return "\n\n".join(parts)
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
+
+
+def answer_prompt(goal: Goal, results: Sequence[tuple[TaskSpec, TaskResult | None]], limit: int) -> str:
+    """The final-answer request: the goal and every accepted result, in dependency order."""
+    blocks = [
+        f"[{spec.id}] {spec.title}\n{_truncate(result.answer, limit) if result else '(no result stored)'}"
+        for spec, result in results
+    ]
+    parts = [f"Goal:\n{goal.text}"]
+    if goal.definition_of_done.strip():
+        parts.append(f"Definition of done:\n{goal.definition_of_done}")
+    parts.append("Accepted results:\n\n" + "\n\n".join(blocks))
+    parts.append("Write the final answer to the goal.")
+    return "\n\n".join(parts)
+
+
+def goal_review_prompt(goal: Goal, answer: str) -> str:
+    dod = goal.definition_of_done.strip() or DEFAULT_GOAL_DOD
+    return "\n\n".join(
+        [
+            f"Goal:\n{goal.text}",
+            f"Definition of done:\n{dod}",
+            f"Final answer:\n{answer or '(empty)'}",
+            "Judge the final answer against the definition of done and call submit_verdict.",
+        ]
+    )
+
+
+def verdict_correction(problems: list[str]) -> str:
+    listed = "\n".join(f"- {p}" for p in problems)
+    return f"The verdict was not accepted:\n{listed}\nCall submit_verdict again with a valid verdict."

@@ -1,0 +1,140 @@
+"""What the planner tells the model. Pure functions of the goal, the tools and the state.
+
+The system prompt is the same for every goal (cacheable); everything goal-specific is in the user
+message, goal text first. The tool catalog is listed by name: the model (and the offline demo
+model, which matches tool names in the prompt) plans with the tools it is told about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+
+from pydantic import ValidationError
+
+from bus.schemas import Goal, Plan, TaskRecord, TaskResult, TaskState
+from llm.types import ToolDef
+
+PLAN_TOOL = "submit_plan"
+PLAN_TOOL_DESCRIPTION = (
+    "Submit the plan: a DAG of tasks. Each task has a short unique id, a title, instructions for the "
+    "worker that runs it, the ids it depends on, a definition of done the reviewer checks, and the "
+    "names of the tools it may use."
+)
+
+SYSTEM = """You are the planner of a team of AI workers. Turn the goal into a plan: a small DAG of tasks.
+
+Rules:
+- Call the submit_plan tool exactly once with the whole plan; do not answer in text.
+- Keep tasks independent and parallel whenever they can be: a task depends only on the tasks whose \
+results it needs (depends_on lists their ids). The dependencies must not form a cycle.
+- Each task must be doable by one worker with the tools listed for it, and its instructions must \
+say everything that worker needs: it sees only its instructions and the results of its dependencies.
+- A task's definition of done is a concrete, checkable statement of what its result must contain.
+- Only use tools from the list you are given, by their exact names. A task that needs no tool lists none.
+- Use as few tasks as the goal needs; when a final answer combines several results, end with a task \
+that depends on them and writes it."""
+
+MAX_DESCRIPTION = 200  # characters of a tool description shown in the prompt
+
+
+def usable_tools(catalog: Iterable[ToolDef], allowed: Collection[str] | None) -> list[ToolDef]:
+    """The catalog filtered by the goal's allow-list (None: everything loaded), in catalog order."""
+    return [t for t in catalog if allowed is None or t.name in allowed]
+
+
+def _one_line(text: str, limit: int = MAX_DESCRIPTION) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def tools_section(tools: list[ToolDef]) -> str:
+    if not tools:
+        return "Available tools: none. Plan tasks that need no tools."
+    lines = [f"- {t.name}: {_one_line(t.description) or '(no description)'}" for t in tools]
+    return "Available tools (name: what it does):\n" + "\n".join(lines)
+
+
+def _goal_section(goal: Goal) -> str:
+    parts = [f"Goal:\n{goal.text}"]
+    if goal.definition_of_done.strip():
+        parts.append(f"Definition of done for the whole goal:\n{goal.definition_of_done}")
+    return "\n\n".join(parts)
+
+
+def plan_prompt(goal: Goal, tools: list[ToolDef], max_tasks: int) -> str:
+    """The first user message of a planning conversation."""
+    return "\n\n".join(
+        [
+            _goal_section(goal),
+            tools_section(tools),
+            f"Make a plan of at most {max_tasks} tasks and submit it with the submit_plan tool.",
+        ]
+    )
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
+
+
+def replan_prompt(
+    goal: Goal,
+    tools: list[ToolDef],
+    max_tasks: int,
+    *,
+    current: Plan,
+    version: int,
+    records: Mapping[str, TaskRecord],
+    results: Mapping[str, TaskResult],
+    reason: str,
+    result_limit: int,
+) -> str:
+    """The user message of a replan: the goal, the plan so far, what was accepted and what failed."""
+    accepted = [
+        f"[{tid}]\n{_truncate(results[tid].answer, result_limit)}"
+        for tid in (t.id for t in current.tasks)
+        if tid in results
+    ]
+    failures = [
+        f"- {t.id} ({records[t.id].state.value}): "
+        + "; ".join(x for x in (records[t.id].reason, records[t.id].feedback) if x)
+        for t in current.tasks
+        if t.id in records
+        and records[t.id].state is not TaskState.DONE
+        and (records[t.id].reason or records[t.id].feedback)
+    ]
+    parts = [
+        _goal_section(goal),
+        tools_section(tools),
+        f"The current plan (version {version}) did not work out:\n{current.model_dump_json(indent=2)}",
+        "Task states: " + ", ".join(f"{t.id}={_state(records, t.id)}" for t in current.tasks),
+        "Accepted results (kept if you keep their task unchanged):\n" + ("\n\n".join(accepted) or "none"),
+        "What failed and why:\n" + "\n".join([*failures, *([f"- {reason}"] if reason else [])] or ["- (no details)"]),
+        (
+            f"Submit a new plan of at most {max_tasks} tasks with the submit_plan tool. A task you keep "
+            "with exactly the same id and fields keeps its accepted result and is not run again; change "
+            "or replace the tasks that failed, and give new work new ids."
+        ),
+    ]
+    return "\n\n".join(parts)
+
+
+def _state(records: Mapping[str, TaskRecord], tid: str) -> str:
+    rec = records.get(tid)
+    return rec.state.value if rec else "unknown"
+
+
+def pydantic_problems(exc: ValidationError) -> list[str]:
+    """A schema error as sentences naming the field, e.g. `tasks[2].definition_of_done: Field required`."""
+    out: list[str] = []
+    for err in exc.errors(include_url=False):
+        path = ""
+        for part in err["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        out.append(f"{path or 'input'}: {err['msg']}.")
+    return out
+
+
+def correction(problems: list[str]) -> str:
+    """The tool_result content that sends an invalid plan back."""
+    listed = "\n".join(f"- {p}" for p in problems)
+    return f"The plan was not accepted:\n{listed}\nFix every problem and call submit_plan again with the whole plan."

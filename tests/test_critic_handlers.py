@@ -1,0 +1,274 @@
+"""Critic handlers against a real Redis: task verdicts (accept / retry / replan), goal review, stop conditions.
+
+Models: the offline DemoModel, or the real Anthropic SDK against the fake Messages API server for
+scripted verdicts; both behind the metered ModelFactory with the goal's ledger opened.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from arq.connections import ArqRedis
+
+from bus.jobs import AdvanceJob, ExecuteJob, JobPayload, ReplanJob, ReviewGoalJob, ReviewJob
+from bus.keys import Keys
+from bus.ledger import Ledger
+from bus.metered import ModelFactory
+from bus.runtime import Limits, Runtime
+from bus.schemas import Event, Goal, GoalRecord, GoalState, Plan, TaskResult, TaskState, TaskStopReason
+from critic.handlers import review, review_goal
+from llm import DemoModel
+from llm.anthropic import AnthropicModel
+from llm.demo import DEADLINE_DOD, FEEDBACK
+from llm.port import ModelPort
+from llm.testing import FakeAnthropicServer, Reply, text_reply, tool_reply
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeAnthropicServer]:
+    async with FakeAnthropicServer() as server:
+        yield server
+
+
+def runtime(redis: ArqRedis, keys: Keys, model: ModelPort, **limits: Any) -> Runtime:
+    return Runtime.build(redis, keys, models=ModelFactory(model, Ledger(redis, keys)), limits=Limits(**limits))
+
+
+def sdk(server: FakeAnthropicServer) -> AnthropicModel:
+    return AnthropicModel("claude-test", api_key="sk-ant-test", base_url=server.base_url, max_retries=0)
+
+
+def verdict(passed: bool, action: str, feedback: str = "") -> Reply:
+    return tool_reply([("submit_verdict", {"passed": passed, "action": action, "feedback": feedback})])
+
+
+def task(tid: str, *deps: str, dod: str = "States the number.", tools: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        "id": tid,
+        "title": f"task {tid}",
+        "instructions": f"INSTRUCTIONS-{tid}: compute it.",
+        "depends_on": list(deps),
+        "definition_of_done": dod,
+        "tools": list(tools),
+    }
+
+
+async def running_goal(rt: Runtime, *tasks: dict[str, Any], budget: int = 100_000, dod: str = "") -> None:
+    goal = Goal(text="GOAL-TEXT: what is the answer?", definition_of_done=dod)
+    await rt.store.create_goal(GoalRecord(id="g1", goal=goal, budget_tokens=budget))
+    await Ledger(rt.redis, rt.keys).open("g1", budget)
+    await rt.store.transition_goal("g1", GoalState.PLANNING)
+    await rt.store.save_plan("g1", Plan.model_validate({"tasks": list(tasks)}), expected_version=0)
+    await rt.store.transition_goal("g1", GoalState.RUNNING)
+
+
+async def in_review(
+    rt: Runtime,
+    tid: str,
+    answer: str = "ANSWER: 42",
+    *,
+    attempt: int = 1,
+    stop: TaskStopReason = "answered",
+    tool_calls: int = 1,
+) -> None:
+    """Walk a task to `reviewing` at `attempt` with its result stored, as the executor leaves it."""
+    await rt.store.transition_task("g1", tid, TaskState.READY, attempt=attempt)
+    await rt.store.transition_task("g1", tid, TaskState.RUNNING, expected_attempt=attempt)
+    result = TaskResult(
+        goal_id="g1", task_id=tid, attempt=attempt, answer=answer, stop_reason=stop, tool_calls=tool_calls
+    )
+    await rt.store.save_result(result)
+    await rt.store.transition_task("g1", tid, TaskState.REVIEWING, expected_attempt=attempt)
+
+
+async def reviewing_goal(rt: Runtime, dod: str = "GOAL-DOD: one number") -> None:
+    """Plan v1 of two tasks, both accepted; goal in `reviewing`."""
+    await running_goal(rt, task("a"), task("b", "a"), dod=dod)
+    for tid, answer in (("a", "RESULT-A: 40"), ("b", "RESULT-B: 42")):
+        await in_review(rt, tid, answer)
+        await rt.store.transition_task("g1", tid, TaskState.DONE, expected_attempt=1)
+    await rt.store.transition_goal("g1", GoalState.REVIEWING)
+
+
+async def queued(rt: Runtime, role: str) -> set[str]:
+    return {m.decode() for m in await rt.redis.zrange(rt.keys.queue(role), 0, -1)}
+
+
+def ids(rt: Runtime, *jobs: JobPayload) -> set[str]:
+    return {rt.jobs.job_id(j) for j in jobs}
+
+
+async def verdicts(rt: Runtime) -> list[Event]:
+    return [e for e in await rt.events.read("g1") if e.type == "critic.verdict"]
+
+
+# -- task review ------------------------------------------------------------------------------
+
+
+async def test_accept_marks_done_and_asks_to_advance(redis: ArqRedis, keys: Keys) -> None:
+    """An accepted attempt: task done, advance job enqueued, one critic.verdict event."""
+    rt = runtime(redis, keys, DemoModel(latency=0))
+    await running_goal(rt, task("t"))
+    await in_review(rt, "t")
+    await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
+    rec = await rt.store.get_task("g1", "t")
+    assert rec.state is TaskState.DONE and rec.attempt == 1
+    assert await queued(rt, "planner") == ids(rt, AdvanceJob(goal_id="g1", task_id="t", attempt=1))
+    [event] = await verdicts(rt)
+    assert event.task_id == "t" and event.data["passed"] is True and event.data["action"] == "accept"
+
+
+async def test_rejection_retries_with_the_feedback(redis: ArqRedis, keys: Keys) -> None:
+    """A rejected first attempt goes to retrying with attempt 2 and the feedback; attempt 2 is enqueued."""
+    rt = runtime(redis, keys, DemoModel(latency=0))
+    await running_goal(rt, task("t", dod=f"States whether order A100 can be refunded {DEADLINE_DOD}."))
+    await in_review(rt, "t", "Order A100 can be refunded.")
+    await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
+    rec = await rt.store.get_task("g1", "t")
+    assert rec.state is TaskState.RETRYING and rec.attempt == 2 and rec.feedback == FEEDBACK
+    assert await queued(rt, "executor") == ids(rt, ExecuteJob(goal_id="g1", task_id="t", attempt=2))
+    [event] = await verdicts(rt)
+    assert event.data == {
+        "passed": False,
+        "action": "retry",
+        "feedback": FEEDBACK,
+        "attempt": 1,
+        "deterministic": False,
+    }
+    # A re-delivered review of attempt 1 only re-enqueues attempt 2: no second verdict.
+    await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
+    assert len(await verdicts(rt)) == 1 and (await rt.store.get_task("g1", "t")).attempt == 2
+
+
+async def test_retries_exhausted_becomes_a_replan(redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer) -> None:
+    """A retry verdict on the last allowed attempt fails the task and asks the planner to replan."""
+    rt = runtime(redis, keys, sdk(fake), max_task_retries=2)
+    await running_goal(rt, task("t", dod="DOD-T: the exact number"))
+    await in_review(rt, "t", "ANSWER-3: about 40", attempt=3)
+    fake.enqueue(verdict(False, "retry", "still not exact"))
+    await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=3))
+    prompt = json.dumps(fake.message_requests[0].body)
+    assert all(s in prompt for s in ("GOAL-TEXT", "INSTRUCTIONS-t", "DOD-T", "ANSWER-3"))
+    rec = await rt.store.get_task("g1", "t")
+    assert rec.state is TaskState.FAILED and rec.reason is not None and "still not exact" in rec.reason
+    assert (await rt.store.get_goal("g1")).state is GoalState.REPLANNING
+    assert await queued(rt, "planner") == ids(rt, ReplanJob(goal_id="g1", plan_version=1))
+    [event] = await verdicts(rt)
+    assert event.data["action"] == "replan"
+
+
+async def test_stopped_attempt_is_judged_without_a_model(
+    redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
+) -> None:
+    """An attempt that stopped on max_steps is retried with feedback naming it, and no model is called."""
+    rt = runtime(redis, keys, sdk(fake))
+    await running_goal(rt, task("t"))
+    await in_review(rt, "t", "", stop="max_steps")
+    await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
+    assert fake.message_requests == []
+    rec = await rt.store.get_task("g1", "t")
+    assert rec.state is TaskState.RETRYING and rec.attempt == 2 and rec.feedback and "max_steps" in rec.feedback
+    [event] = await verdicts(rt)
+    assert event.data["deterministic"] is True
+
+
+async def test_invalid_verdict_gets_one_correction_then_retries(
+    redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
+) -> None:
+    """An inconsistent verdict is answered with an error tool_result once; a second one counts as a retry."""
+    rt = runtime(redis, keys, sdk(fake))
+    await running_goal(rt, task("t"))
+    await in_review(rt, "t")
+    bad = verdict(True, "retry")
+    fake.enqueue(bad, verdict(True, "replan"))
+    await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
+    assert len(fake.message_requests) == 2
+    answer = fake.message_requests[1].body["messages"][-1]["content"][0]
+    assert answer["type"] == "tool_result" and answer["is_error"] is True
+    assert (
+        answer["tool_use_id"] == bad.content[0]["id"] and "passed=true goes with action 'accept'" in answer["content"]
+    )
+    rec = await rt.store.get_task("g1", "t")
+    assert rec.state is TaskState.RETRYING and rec.attempt == 2
+
+
+async def test_review_of_an_old_attempt_calls_no_model(redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer) -> None:
+    """A review job for an attempt that is no longer in review changes nothing and calls no model."""
+    rt = runtime(redis, keys, sdk(fake))
+    await running_goal(rt, task("t"))
+    await in_review(rt, "t", attempt=2)
+    await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
+    assert fake.message_requests == [] and (await rt.store.get_task("g1", "t")).state is TaskState.REVIEWING
+
+
+async def test_budget_exhausted_in_review_stops_the_goal(
+    redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
+) -> None:
+    """A verdict call the ledger refuses ends the goal as budget_exhausted; the task is left in review."""
+    rt = runtime(redis, keys, sdk(fake))
+    await running_goal(rt, task("t"), budget=50)
+    await in_review(rt, "t")
+    await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
+    assert (await rt.store.get_goal("g1")).state is GoalState.BUDGET_EXHAUSTED
+    assert fake.message_requests == []
+
+
+async def test_ended_goal_gets_no_model_call(redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer) -> None:
+    """For a cancelled goal, review and review_goal do nothing and call no model."""
+    rt = runtime(redis, keys, sdk(fake))
+    await reviewing_goal(rt)
+    await rt.store.cancel_goal("g1")
+    await review(rt, ReviewJob(goal_id="g1", task_id="a", attempt=1))
+    await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
+    assert fake.message_requests == []
+    assert (await rt.store.get_goal("g1")).state is GoalState.CANCELLED
+
+
+# -- goal review ------------------------------------------------------------------------------
+
+
+async def test_goal_review_pass_succeeds_with_the_answer(
+    redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
+) -> None:
+    """The final answer is written from the accepted results, checked against the goal's DoD, and stored."""
+    rt = runtime(redis, keys, sdk(fake))
+    await reviewing_goal(rt)
+    fake.enqueue(text_reply("FINAL: the answer is 42"), verdict(True, "accept", "meets it"))
+    await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
+    write, check = fake.message_requests
+    assert all(s in json.dumps(write.body) for s in ("GOAL-TEXT", "RESULT-A: 40", "RESULT-B: 42"))
+    assert "tool_choice" not in write.body or write.body["tool_choice"] is None
+    assert all(s in json.dumps(check.body) for s in ("GOAL-DOD", "FINAL: the answer is 42"))
+    assert check.body["tool_choice"] == {"type": "tool", "name": "submit_verdict"}
+    goal = await rt.store.get_goal("g1")
+    assert goal.state is GoalState.SUCCEEDED and goal.answer == "FINAL: the answer is 42"
+    [event] = await verdicts(rt)
+    assert event.task_id is None and event.data["action"] == "accept" and event.data["plan_version"] == 1
+
+
+async def test_goal_review_fail_replans(redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer) -> None:
+    """A final answer that misses the goal's DoD sends the goal to replanning with the feedback."""
+    rt = runtime(redis, keys, sdk(fake))
+    await reviewing_goal(rt)
+    fake.enqueue(text_reply("FINAL: maybe"), verdict(False, "replan", "no number given"))
+    await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
+    goal = await rt.store.get_goal("g1")
+    assert goal.state is GoalState.REPLANNING and goal.answer is None
+    assert await queued(rt, "planner") == ids(rt, ReplanJob(goal_id="g1", plan_version=1))
+    [event] = await verdicts(rt)
+    assert event.data["passed"] is False and event.data["feedback"] == "no number given"
+    # Re-delivered: nothing new is asked of the model.
+    await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
+    assert len(fake.message_requests) == 2
+
+
+async def test_goal_review_with_the_demo_model(redis: ArqRedis, keys: Keys) -> None:
+    """The offline demo model follows the protocol end to end: the goal succeeds with a non-empty answer."""
+    rt = runtime(redis, keys, DemoModel(latency=0))
+    await reviewing_goal(rt, dod="")
+    await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
+    goal = await rt.store.get_goal("g1")
+    assert goal.state is GoalState.SUCCEEDED and goal.answer
