@@ -363,6 +363,31 @@ def demo(
 
 
 @app.command()
+def dag(
+    goal_id: str,
+    fmt: Annotated[str, typer.Option("--format", help="mermaid | json")] = "mermaid",
+    version: Annotated[int | None, typer.Option(help="plan version (default: the current one)")] = None,
+) -> None:
+    """Print a goal's plan as a Mermaid flowchart or as JSON, with each task's state."""
+    from planner.dag import render_json, render_mermaid
+
+    if fmt not in ("mermaid", "json"):
+        _fail(EXIT_INVALID, f"--format: expected mermaid or json, got {fmt!r}")
+
+    async def go(c: Client) -> tuple[Any, dict[str, Any]]:
+        await c.get(goal_id)
+        plan = await c.store.get_plan(goal_id, version)
+        tasks = await c.store.get_tasks(goal_id)
+        return plan, {tid: t.state for tid, t in tasks.items()}
+
+    stored, states = _with_client(go)
+    if fmt == "json":
+        _print_json({"goal_id": goal_id, "version": stored.version, **render_json(stored.plan, states)})
+    else:
+        sys.stdout.write(render_mermaid(stored.plan, states) + "\n")
+
+
+@app.command()
 def approve(goal_id: str, call_id: str, as_json: JsonOpt = False) -> None:
     """Approve a tool call that awaits approval; its task resumes."""
     _decide(goal_id, call_id, True, "", as_json)

@@ -11,7 +11,7 @@ from helpers import live_redis_servers_under, run_cli
 def test_demo_succeeds_offline_with_a_retry_and_leaves_no_server(
     subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """The demo exits 0 with an answer covering every order, after one critic rejection; no redis-server remains."""
+    """Demo exits 0 answering for every order after one critic rejection; its DAG renders; no server remains."""
     env = dict(subprocess_env)
     del env["TASKLOOM_REDIS_URL"]  # the embedded server, as on a fresh machine
     env["TASKLOOM_HOME"] = str(tmp_path / "home")
@@ -27,4 +27,9 @@ def test_demo_succeeds_offline_with_a_retry_and_leaves_no_server(
     assert max(attempts.values()) == 2 and len(attempts) == 4  # one task was retried once
     events = [json.loads(x)["type"] for x in run_cli("events", gid, "--json", env=env).stdout.splitlines()]
     assert "critic.verdict" in events and "tool.call" in events
+    mermaid = run_cli("dag", gid, env=env).stdout
+    assert mermaid.startswith("flowchart") and mermaid.count("-->") == 3
+    dag = json.loads(run_cli("dag", gid, "--format", "json", env=env).stdout)
+    assert len(dag["tasks"]) == 4 and all(t["state"] == "done" for t in dag["tasks"])
+    assert run_cli("dag", gid, "--format", "svg", env=env).returncode == 2
     assert live_redis_servers_under(tmp_path / "home") == []
