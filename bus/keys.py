@@ -68,6 +68,22 @@ class Keys:
     def ledger(self, goal_id: str) -> str:
         return f"{self.prefix}goal:{goal_id}:ledger"
 
+    # -- token ledger ---------------------------------------------------------------------------
+    def ledger_open(self) -> str:
+        """Hash: open reservation id -> its record (every goal's, so any reserve can sweep them)."""
+        return f"{self.prefix}ledger:open"
+
+    def ledger_expiry(self) -> str:
+        """Sorted set: open reservation id by expiry time."""
+        return f"{self.prefix}ledger:expiry"
+
+    def pool(self, name: str) -> str:
+        """A parent budget pool (per tenant, per day) that goals draw from."""
+        return f"{self.pool_prefix()}{name}"
+
+    def pool_prefix(self) -> str:
+        return f"{self.prefix}pool:"
+
     # -- executor checkpoints, leases and approvals --------------------------------------------
     def attempt(self, goal_id: str, task_id: str, attempt: int) -> str:
         """Base of one task attempt's keys: `:steps` (list), `:pending` (hash), `:lease` (hash)."""

@@ -33,7 +33,7 @@ import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,12 +51,8 @@ SWEEP_BATCH = 100
 
 
 def ledger_keys(keys: Keys) -> tuple[str, str, str]:
-    """(open-reservations hash, expiry sorted set, pool key prefix).
-
-    Built here, not in bus/keys.py, until `Keys` grows `ledger_open()`, `ledger_expiry()` and
-    `pool(name)`; nothing else may build these names.
-    """
-    return f"{keys.prefix}ledger:open", f"{keys.prefix}ledger:expiry", f"{keys.prefix}pool:"
+    """(open-reservations hash, expiry sorted set, pool key prefix)."""
+    return keys.ledger_open(), keys.ledger_expiry(), keys.pool_prefix()
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -130,9 +126,10 @@ DEFAULT_PRICES: Mapping[str, ModelPrice] = {
 }
 
 
-def _micro(tokens: int, usd_per_mtok: float) -> Decimal:
-    # tokens * (USD / 1e6 tokens) * 1e6 micro-USD/USD: the price per million is micro-USD per token.
-    return tokens * Decimal(str(usd_per_mtok))
+def _rate(usd_per_mtok: float) -> int:
+    """USD per million tokens as integer micro-USD per million tokens (rounded up, exact for prices
+    with up to 6 decimals), so costs are exact integer arithmetic here and in the reserve script."""
+    return math.ceil(Decimal(str(usd_per_mtok)) * 1_000_000)
 
 
 class PriceTable:
@@ -143,32 +140,42 @@ class PriceTable:
         merged.update(prices or {})
         # Longest prefix first, so "claude-opus-4-5" wins over "claude-opus-4".
         self._prices = sorted(merged.items(), key=lambda kv: len(kv[0]), reverse=True)
+        # model id -> (input, output, cache read, cache write) rates, or None: resolved once per id.
+        self._rates: dict[str, tuple[int, int, int, int] | None] = {}
 
     def price(self, model: str | None) -> ModelPrice | None:
         if model is None:
             return None
         return next((p for name, p in self._prices if model == name or model.startswith(name)), None)
 
+    def _rates_of(self, model: str | None) -> tuple[int, int, int, int] | None:
+        if model is None:
+            return None
+        if model not in self._rates:
+            p = self.price(model)
+            self._rates[model] = (
+                None if p is None else (_rate(p.input), _rate(p.output), _rate(p.cache_read), _rate(p.cache_write))
+            )
+        return self._rates[model]
+
     def cost(self, model: str | None, usage: Usage) -> int | None:
         """Micro-USD of `usage` on `model`; None when the model has no price."""
-        p = self.price(model)
-        if p is None:
+        r = self._rates_of(model)
+        if r is None:
             return None
-        total = (
-            _micro(usage.input_tokens, p.input)
-            + _micro(usage.output_tokens, p.output)
-            + _micro(usage.cache_read_tokens, p.cache_read)
-            + _micro(usage.cache_write_tokens, p.cache_write)
+        scaled = (
+            usage.input_tokens * r[0]
+            + usage.output_tokens * r[1]
+            + usage.cache_read_tokens * r[2]
+            + usage.cache_write_tokens * r[3]
         )
-        return int(total.to_integral_value(rounding=ROUND_CEILING))
+        return -(-scaled // 1_000_000)  # ceiling division
 
     def per_mtok_micro(self, model: str | None) -> tuple[int, int]:
-        """(input, output) price in micro-USD per million tokens, integers for the reserve script,
-        which prices a forfeited reservation (input at the input price, output at the output price)."""
-        p = self.price(model)
-        if p is None:
-            return 0, 0
-        return math.ceil(Decimal(str(p.input)) * 1_000_000), math.ceil(Decimal(str(p.output)) * 1_000_000)
+        """(input, output) price in micro-USD per million tokens, for the reserve script, which
+        prices a forfeited reservation (input at the input price, output at the output price)."""
+        r = self._rates_of(model)
+        return (0, 0) if r is None else (r[0], r[1])
 
 
 # -- the clamp decision (pure; the reserve script implements the same rule) -----------------------
@@ -298,6 +305,9 @@ local function now()
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
+local SETTLED = {'spent_input', 'spent_output', 'spent_cache_read', 'spent_cache_write', 'cost_micro_usd',
+                 'unpriced'}
+
 local function book(key, amount, fcost, mode, u)
   redis.call('HINCRBY', key, 'reserved', -amount)
   redis.call('HINCRBY', key, 'open', -1)
@@ -307,14 +317,12 @@ local function book(key, amount, fcost, mode, u)
   end
   redis.call('HINCRBY', key, 'calls', 1)
   if mode == 'settle' then
+    -- Zero increments are skipped: the script's cost is mostly its redis.call count.
     local total = u[1] + u[2] + u[3] + u[4]
-    redis.call('HINCRBY', key, 'spent_input', u[1])
-    redis.call('HINCRBY', key, 'spent_output', u[2])
-    redis.call('HINCRBY', key, 'spent_cache_read', u[3])
-    redis.call('HINCRBY', key, 'spent_cache_write', u[4])
+    for i, field in ipairs(SETTLED) do
+      if u[i] ~= 0 then redis.call('HINCRBY', key, field, u[i]) end
+    end
     redis.call('HINCRBY', key, 'spent', total)
-    redis.call('HINCRBY', key, 'cost_micro_usd', u[5])
-    redis.call('HINCRBY', key, 'unpriced', u[6])
     if total > amount then redis.call('HINCRBY', key, 'overrun', total - amount) end
   else
     redis.call('HINCRBY', key, 'spent_unknown', amount)

@@ -1,0 +1,153 @@
+"""How much a metered model call pays for its bookkeeping: reserve + settle pairs against Redis.
+
+    python -m bench.ledger [--redis-url redis://127.0.0.1:6379/0] [--ops 3000] [--clients 1,10,100]
+
+For each number of concurrent clients (coroutines sharing one connection pool), measures reserve +
+settle pairs per second and their p50/p99 latency, then a plain PING under the same concurrency, in
+the same run. The target is a pair costing no more than about 3 round trips (p50 ratio <= 3): a
+reserve is one EVALSHA and a settle another. Everything is written under a unique key prefix and
+deleted afterwards. When the URL cannot be reached, an embedded redis-server is started instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import platform
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from bus.connection import connect
+from bus.keys import Keys
+from bus.ledger import Ledger
+from llm.types import Usage
+
+GOAL = "bench"
+USAGE = Usage(input_tokens=400, output_tokens=700, cache_read_tokens=50)
+
+
+ROUNDS = 5  # pairs and PINGs alternate in rounds, so both see the same background load
+
+
+@dataclass(frozen=True)
+class Stats:
+    per_second: float
+    p50_ms: float
+    p99_ms: float
+
+
+def stats(latencies: list[float], wall: float) -> Stats:
+    q = statistics.quantiles(latencies, n=100, method="inclusive")
+    return Stats(len(latencies) / wall, q[49] * 1000, q[98] * 1000)
+
+
+async def measure(clients: int, ops: int, op: Callable[[], Awaitable[object]]) -> tuple[list[float], float]:
+    """Run about `ops` calls of `op` from `clients` concurrent coroutines: (latencies, wall time)."""
+    latencies: list[float] = []
+    per_client = max(1, ops // clients)
+
+    async def client() -> None:
+        for _ in range(per_client):
+            t0 = time.perf_counter()
+            await op()
+            latencies.append(time.perf_counter() - t0)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return latencies, time.perf_counter() - start
+
+
+async def compare(
+    clients: int, ops: int, pair: Callable[[], Awaitable[object]], ping: Callable[[], Awaitable[object]]
+) -> tuple[Stats, Stats]:
+    results: dict[str, tuple[list[float], float]] = {"pair": ([], 0.0), "ping": ([], 0.0)}
+    for _ in range(ROUNDS):
+        for name, op in (("pair", pair), ("ping", ping)):
+            lat, wall = await measure(clients, ops // ROUNDS, op)
+            results[name] = (results[name][0] + lat, results[name][1] + wall)
+    return stats(*results["pair"]), stats(*results["ping"])
+
+
+@contextlib.asynccontextmanager
+async def redis_at(url: str) -> AsyncIterator[tuple[Redis, str]]:
+    """The server at `url`, or an embedded one if it cannot be reached."""
+    redis = Redis.from_url(url, socket_connect_timeout=1)
+    try:
+        await redis.ping()
+    except (OSError, ConnectionError, Exception):  # any failure to reach it: fall back
+        await redis.aclose()
+        with tempfile.TemporaryDirectory(prefix="taskloom-bench-") as home:
+            async with connect(None, Path(home)) as embedded:
+                yield embedded, "embedded redis-server (unix socket)"
+        return
+    try:
+        yield redis, url
+    finally:
+        await redis.aclose()
+
+
+async def run(url: str, ops: int, levels: list[int]) -> str:
+    async with redis_at(url) as (redis, where):
+        keys = Keys(prefix=f"bench:{uuid.uuid4().hex[:12]}:")
+        ledger = Ledger(redis, keys)
+        await ledger.open(GOAL, 10**15)
+
+        async def pair() -> None:
+            res = await ledger.reserve(GOAL, 500, 1000, model="claude-sonnet-4-5")
+            await ledger.settle(res, USAGE, model="claude-sonnet-4-5")
+
+        async def ping() -> None:
+            await redis.ping()
+
+        try:
+            await compare(max(levels), 1000, pair, ping)  # warm up: scripts loaded, connections open
+            rows = [(clients, *await compare(clients, ops, pair, ping)) for clients in levels]
+            snap = await ledger.snapshot(GOAL)
+            assert snap.reserved == 0 and snap.open == 0, snap
+        finally:
+            async for key in redis.scan_iter(match=f"{keys.prefix}*", count=1000):
+                await redis.delete(key)
+        info = await redis.info("server")
+    return report(rows, where, str(info.get("redis_version", "?")), ops)
+
+
+def report(rows: list[tuple[int, Stats, Stats]], where: str, version: str, ops: int) -> str:
+    lines = [
+        f"Redis {version} at {where}; {ops} operations per level; python {platform.python_version()}",
+        "",
+        "| clients | pairs/s | pair p50 ms | pair p99 ms | PING/s | PING p50 ms | PING p99 ms | p50 ratio "
+        "| p99 ratio |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for clients, p, r in rows:
+        lines.append(
+            f"| {clients} | {p.per_second:,.0f} | {p.p50_ms:.3f} | {p.p99_ms:.3f} | {r.per_second:,.0f} | "
+            f"{r.p50_ms:.3f} | {r.p99_ms:.3f} | {p.p50_ms / r.p50_ms:.2f} | {p.p99_ms / r.p99_ms:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--ops", type=int, default=3000, help="pairs (and PINGs) per concurrency level")
+    parser.add_argument("--clients", default="1,10,100", help="comma-separated concurrency levels")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.clients.split(",")]
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+    table = asyncio.run(run(args.redis_url, args.ops, levels))
+    print(f"{started:%Y-%m-%d %H:%M} UTC, {time.perf_counter() - t0:.1f} s\n{table}")
+
+
+if __name__ == "__main__":
+    main()
