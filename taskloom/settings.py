@@ -57,7 +57,6 @@ class Settings(BaseSettings):
     model: str = Field(default="demo", min_length=1, description="Claude model id, or 'demo'")
     max_steps: int = Field(default=12, ge=1, le=1000)
     task_timeout: float = Field(default=300, gt=0, description="wall-clock limit of one task attempt, s")
-    goal_timeout: float = Field(default=1800, gt=0, description="default deadline of a goal, s")
     events_maxlen: int = Field(default=10_000, ge=100, description="approximate cap of each event stream")
     tools: str = Field(default="", description="comma-separated module:attribute toolkits")
 
