@@ -85,3 +85,12 @@ def wipe(target: str) -> str:
     """Needs a person's approval."""
     _count(f"wipe {target}")
     return f"wiped {target}"
+
+
+@kit.tool(read_only=True)
+async def timed(name: str, seconds: float) -> str:
+    """Sleeps, then records `timed <name> <pid> <start> <end>` (monotonic clock) in the counter file."""
+    start = time.monotonic()
+    await asyncio.sleep(seconds)
+    _count(f"timed {name} {os.getpid()} {start:.6f} {time.monotonic():.6f}")
+    return f"{name} took {seconds} s"
