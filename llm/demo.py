@@ -192,6 +192,46 @@ def _deadline(results: list[str]) -> str:
     return "see the refund window in the policy above"
 
 
+_DECISION = re.compile(r"Order [A-Z]\d{3,}: (?:can|cannot) be refunded[^\n]*")
+_TODAY = re.compile(r"[Tt]oday is (\d{4}-\d{2}-\d{2})")
+
+
+def _unique_by_order(lines: list[str]) -> list[str]:
+    seen: dict[str, str] = {}
+    for line in lines:
+        seen.setdefault(line.split(":")[0], line)
+    return list(seen.values())
+
+
+def _refund_decision(order_id: str | None, results: list[str], text: str) -> str | None:
+    """One line deciding a refund from an order record (JSON with `delivered`, `final_sale`), a policy
+    with an "N days" window, and "Today is YYYY-MM-DD" in the prompt; None when any is missing.
+    Fixed arithmetic, not reasoning: it exists so that the demo's answers read like answers."""
+    import datetime as dt
+
+    record: dict[str, Any] | None = None
+    for result in results:
+        try:
+            value = json.loads(result)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and "delivered" in value:
+            record = value
+    window = _DAYS.search("\n".join(results))
+    today = _TODAY.search(text)
+    if order_id is None or record is None or window is None or today is None:
+        return None
+    days = int(window.group(1) or window.group(2))
+    delivered = dt.date.fromisoformat(str(record["delivered"]))
+    age = (dt.date.fromisoformat(today.group(1)) - delivered).days
+    if record.get("final_sale"):
+        return f"Order {order_id}: cannot be refunded: it was a final-sale item (delivered {delivered})."
+    facts = f"delivered {delivered}, {age} days ago"
+    if age <= days:
+        return f"Order {order_id}: can be refunded: {facts}, within the {days}-day window."
+    return f"Order {order_id}: cannot be refunded: {facts}, past the {days}-day window."
+
+
 def _execute(request: ModelRequest) -> tuple[list[ContentBlock], StopReason]:
     last = request.messages[-1]
     results = [b for b in last.content if isinstance(b, ToolResultBlock)] if last.role == "user" else []
@@ -216,7 +256,8 @@ def _execute(request: ModelRequest) -> tuple[list[ContentBlock], StopReason]:
             for b in m.content
             if isinstance(b, ToolUseBlock)
         }
-        lines = [f"Order {order_id}:" if order_id else "Results:"]
+        decision = _refund_decision(order_id, [r.content for r in results if not r.is_error], text)
+        lines = [decision] if decision else [f"Order {order_id}:" if order_id else "Results:"]
         for result in results:
             label = names.get(result.tool_use_id, "tool")
             lines.append(f"- {label}{' (error)' if result.is_error else ''}: {result.content.strip()}")
@@ -224,8 +265,11 @@ def _execute(request: ModelRequest) -> tuple[list[ContentBlock], StopReason]:
             lines.append(f"{DEADLINE_MARK} {_deadline([r.content for r in results])}.")
         answer = "\n".join(lines)
     else:
+        decisions = _unique_by_order([m.group(0) for m in _DECISION.finditer(text)])
         mentions = _unique([line.strip() for line in text.splitlines() if _ORDER_ID.search(line)])
-        if mentions:
+        if decisions:
+            answer = "\n".join(decisions)
+        elif mentions:
             answer = "Summary:\n" + "\n".join(mentions)
         else:
             first = next((line.strip() for line in text.splitlines() if line.strip()), "")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
+
+import pytest
 
 from llm import DemoModel, Message, ModelRequest, ModelResponse, ToolChoice, ToolDef, ToolResultBlock
 from llm.anthropic import AnthropicModel
@@ -179,3 +182,22 @@ async def test_demo_rules_through_the_fake_server_and_sdk(server: FakeAnthropicS
     assert {c.name for c in step.tool_uses} == {"lookup_order", "refund_policy"}
     await model.aclose()
     assert server.billed.output_tokens == plan.usage.output_tokens + step.usage.output_tokens
+
+
+@pytest.mark.parametrize(
+    ("record", "today", "expect"),
+    [
+        ({"delivered": "2026-09-20", "final_sale": False}, "2026-10-13", "A1: can be refunded: delivered 2026-09-20"),
+        ({"delivered": "2026-08-30", "final_sale": False}, "2026-10-13", "A1: cannot be refunded: delivered 2026-08"),
+        ({"delivered": "2026-10-10", "final_sale": True}, "2026-10-13", "A1: cannot be refunded: it was a final-sale"),
+        ({"delivered": "2026-09-13", "final_sale": False}, "2026-10-13", "within the 30-day window"),
+    ],
+)
+def test_demo_refund_decision_is_fixed_arithmetic(record: dict[str, object], today: str, expect: str) -> None:
+    """The demo executor decides a refund from the order record, the policy window and today's date."""
+    from llm.demo import _refund_decision
+
+    results = [json.dumps({"order_id": "A1", **record}), "Refunds within 30 days of delivery."]
+    line = _refund_decision("A1", results, f"Goal: ... Today is {today}.")
+    assert line is not None and expect in line
+    assert _refund_decision("A1", results, "no date here") is None
