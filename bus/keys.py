@@ -32,6 +32,10 @@ class Keys:
     def health_check(self, role: str) -> str:
         return f"{self.queue(role)}:health-check"
 
+    def workers(self, role: str) -> str:
+        """Sorted set of the role's worker processes (`host:pid`) by heartbeat expiry."""
+        return f"{self.queue(role)}:workers"
+
     # -- job ids: deterministic, so enqueueing the same step twice is a no-op in arq -------------
     def job_id(self, kind: str, *parts: str | int) -> str:
         return ":".join([f"{self.prefix}job", kind, *(str(p) for p in parts)])

@@ -8,17 +8,26 @@ A test scans the roles' imports to keep it that way.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
 from typing import Any
 
 import structlog
 
-from llm.errors import ModelError
+from llm.errors import (
+    ModelConfigError,
+    ModelConnectionError,
+    ModelError,
+    ModelTimeoutError,
+    RetryableModelError,
+    TerminalModelError,
+)
 from llm.estimate import estimate_input_tokens
 from llm.port import ModelPort
 from llm.types import ModelRequest, ModelResponse
 
-from .ledger import Ledger, Reservation
+from .ledger import BudgetExhausted, Ledger, Reservation
+from .observe import observe
 
 log = structlog.get_logger("taskloom.ledger")
 
@@ -33,6 +42,20 @@ def nothing_billed(exc: BaseException) -> bool:
     cancellation, a bug) is an unknown outcome: counted as spent, never as free.
     """
     return isinstance(exc, ModelError) and not exc.maybe_spent
+
+
+def error_kind(exc: BaseException) -> str:
+    """A bounded label for a failed call (metrics): what kind of failure, never its message."""
+    kinds: tuple[tuple[type[BaseException], str], ...] = (
+        (ModelTimeoutError, "timeout"),
+        (ModelConnectionError, "connection"),
+        (RetryableModelError, "retryable"),
+        (ModelConfigError, "config"),
+        (TerminalModelError, "terminal"),
+        (ModelError, "model_error"),
+        (asyncio.CancelledError, "cancelled"),
+    )
+    return next((kind for cls, kind in kinds if isinstance(exc, cls)), "other")
 
 
 class MeteredModel:
@@ -53,14 +76,19 @@ class MeteredModel:
         return f"MeteredModel({self.inner!r}, goal_id={self.goal_id!r})"
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        reservation = await self.ledger.reserve(
-            self.goal_id, estimate_input_tokens(request), request.max_tokens, model=self.inner.model
-        )
+        try:
+            reservation = await self.ledger.reserve(
+                self.goal_id, estimate_input_tokens(request), request.max_tokens, model=self.inner.model
+            )
+        except BudgetExhausted:
+            observe(lambda o: o.budget_refused(self.inner.model))
+            raise
         if reservation.max_tokens != request.max_tokens:
             # The output alone can then never overrun the budget: the provider stops at max_tokens.
             request = request.model_copy(update={"max_tokens": reservation.max_tokens})
         response: ModelResponse | None = None
         failure: BaseException | None = None
+        started = time.perf_counter()
         try:
             response = await self.inner.complete(request)
             return response
@@ -68,9 +96,21 @@ class MeteredModel:
             failure = exc
             raise
         finally:
+            self._observe(response, failure, time.perf_counter() - started)
             # Shielded: a second cancellation must not stop the write (the reservation would still
             # be forfeited when it expires, but its tokens would be held until then).
             await _shielded(self._close(reservation, response, failure))
+
+    def _observe(self, response: ModelResponse | None, failure: BaseException | None, seconds: float) -> None:
+        # Labelled with the configured model id (bounded), not the id the provider echoes back.
+        model = self.inner.model
+        if response is not None:
+            micro = self.ledger.prices.cost(response.model, response.usage)
+            cost = None if micro is None else micro / 1_000_000
+            observe(lambda o: o.model_call(model, "ok", seconds, response.usage, cost))
+        elif failure is not None:
+            kind = error_kind(failure)
+            observe(lambda o: o.model_call(model, kind, seconds, None, None))
 
     async def _close(
         self, reservation: Reservation, response: ModelResponse | None, failure: BaseException | None

@@ -18,6 +18,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bus.events import EventLog
+from bus.observe import observe
 from bus.schemas import Event
 from llm.types import ToolDef, ToolUseBlock
 
@@ -172,5 +173,8 @@ class ToolGateway:
             "step": ctx.step,
         }
         log.info("tool.call", **data)
+        # A name the model invented is not a label value (unbounded): it is counted as "(unknown)".
+        tool = call.name if outcome.outcome != "unknown_tool" else "(unknown)"
+        observe(lambda o: o.tool_call(tool, outcome.outcome, outcome.seconds))
         if self.events is not None:
             await self.events.emit(Event(type="tool.call", goal_id=ctx.goal_id, task_id=ctx.task_id, data=data))

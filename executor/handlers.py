@@ -9,18 +9,21 @@ import contextlib
 import json
 import os
 import socket
+import time
 import uuid
+from collections.abc import Callable
 
 import structlog
 
 from bus.jobs import ExecuteJob, ReviewJob
+from bus.observe import observe
 from bus.runtime import Runtime
 from bus.schemas import GOAL_TERMINAL, Event, GoalState, TaskResult, TaskState
 from bus.store import IllegalTransition, NotFound, StaleWrite
 from llm.types import ToolUseBlock
 
 from .gateway import ToolGateway, digest
-from .loop import Approvals, Loop, Paused, TaskInput
+from .loop import Approvals, Handover, Loop, Paused, TaskInput
 from .registry import ToolRegistry
 from .steps import AttemptStore, LeaseLost, claim_expired, now_ms
 from .toolkit import ToolContext
@@ -69,7 +72,11 @@ async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback:
     return TaskInput(goal=goal, spec=spec, attempt=job.attempt, feedback=feedback, dependency_results=tuple(deps))
 
 
-async def execute(rt: Runtime, job: ExecuteJob, registry: ToolRegistry) -> None:
+async def execute(
+    rt: Runtime, job: ExecuteJob, registry: ToolRegistry, stopping: Callable[[], bool] | None = None
+) -> None:
+    """Run or resume one task attempt. `stopping()` turns true when this worker shuts down: the loop
+    then hands the attempt over between two steps (see `_hand_over`)."""
     goal = await rt.store.get_goal(job.goal_id)
     if goal.state in GOAL_TERMINAL:
         log.info("execute.skipped", reason=f"goal {goal.state.value}")
@@ -94,6 +101,7 @@ async def execute(rt: Runtime, job: ExecuteJob, registry: ToolRegistry) -> None:
         log.info("execute.skipped", reason="another executor holds the attempt's lease")
         return
     heartbeat = asyncio.create_task(_heartbeat(store, rt.limits.lease_ttl))
+    started, outcome = time.perf_counter(), "failed"  # for metrics: how this run of the loop ended
     try:
         task_input = await _task_input(rt, job, task.plan_version, task.feedback)
         allowed = ToolGateway.allowed_for(goal.goal.allowed_tools, task_input.spec.tools)
@@ -117,11 +125,17 @@ async def execute(rt: Runtime, job: ExecuteJob, registry: ToolRegistry) -> None:
             RedisApprovals(rt, job.goal_id),
             rt.limits,
             is_cancelled,
+            stopping,
         )
         log.info("execute.start", epoch=store.epoch, resumed_steps=len(await store.steps()))
         try:
             result = await loop.run()
+        except Handover as handover:
+            outcome = "handover"
+            await _hand_over(rt, store, job, heartbeat, handover.steps)
+            return
         except Paused as paused:
+            outcome = "paused"
             await rt.store.transition_task(
                 job.goal_id,
                 job.task_id,
@@ -132,13 +146,51 @@ async def execute(rt: Runtime, job: ExecuteJob, registry: ToolRegistry) -> None:
             await store.finish()  # nobody should resume it before the decision
             log.info("execute.paused", call_id=paused.call.id, tool=paused.call.name)
             return
+        outcome = result.stop_reason
         await _finish(rt, store, result)
     except LeaseLost as exc:
+        outcome = "lease_lost"
         log.warning("execute.lease_lost", detail=str(exc))
+    except asyncio.CancelledError:
+        outcome = "interrupted"
+        if stopping is not None and stopping():
+            # The shutdown grace ran out in the middle of a step. Give the lease up now, so that
+            # arq's re-run of this job (or a watchdog) resumes the attempt on another executor at
+            # once instead of after the lease TTL. The step resumes from what it stored; a started
+            # side-effecting call without a result is reported as an unknown outcome, never re-run.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(_give_up(store, heartbeat))
+            log.warning("execute.interrupted", detail="shutdown grace over; lease released for another executor")
+        raise
     finally:
         heartbeat.cancel()
         with contextlib.suppress(asyncio.CancelledError, LeaseLost):
             await heartbeat
+        seconds = time.perf_counter() - started
+        observe(lambda o: o.task_run(outcome, seconds))
+
+
+async def _give_up(store: AttemptStore, heartbeat: asyncio.Task[None]) -> bool:
+    """Release the attempt's lease, renewals stopped first (a late renewal would re-take it)."""
+    heartbeat.cancel()
+    with contextlib.suppress(asyncio.CancelledError, LeaseLost):
+        await heartbeat
+    return await store.release()
+
+
+async def _hand_over(
+    rt: Runtime, store: AttemptStore, job: ExecuteJob, heartbeat: asyncio.Task[None], steps: int
+) -> None:
+    """This worker is shutting down between two steps: every completed step is stored. Release the
+    lease, then enqueue a resume job that another executor picks up at once (this worker takes no
+    more jobs). Released before enqueueing, so the resume can never find the lease still held; if
+    the enqueue fails, the released lease is already expired and a watchdog resumes the attempt."""
+    if not await _give_up(store, heartbeat):
+        log.info("execute.handover_skipped", reason="the lease was no longer ours")
+        return
+    resume = ExecuteJob(goal_id=job.goal_id, task_id=job.task_id, attempt=job.attempt, resume=now_ms())
+    await rt.jobs.enqueue(resume)
+    log.info("execute.handover", steps=steps, resume=resume.resume)
 
 
 async def _heartbeat(store: AttemptStore, ttl: float) -> None:

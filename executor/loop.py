@@ -13,6 +13,7 @@ import structlog
 from pydantic import BaseModel
 
 from bus.ledger import BudgetExhausted
+from bus.observe import observe
 from bus.runtime import Limits
 from bus.schemas import GoalRecord, TaskResult, TaskSpec, TaskStopReason
 from llm.errors import ModelError
@@ -52,6 +53,15 @@ class Paused(Exception):
     def __init__(self, call: ToolUseBlock) -> None:
         super().__init__(f"tool call {call.id} ({call.name}) awaits approval")
         self.call = call
+
+
+class Handover(Exception):
+    """The worker is shutting down: the attempt stopped between two steps, with every completed
+    step stored, so that another executor can resume it at once (see `executor.handlers`)."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(f"handed over after {steps} stored steps (worker shutting down)")
+        self.steps = steps
 
 
 class Approvals:
@@ -110,6 +120,7 @@ class Loop:
         approvals: Approvals,
         limits: Limits,
         is_cancelled: Callable[[], Awaitable[bool]],
+        should_yield: Callable[[], bool] | None = None,
     ) -> None:
         self.task = task
         self.store = store
@@ -118,6 +129,9 @@ class Loop:
         self.approvals = approvals
         self.limits = limits
         self.is_cancelled = is_cancelled
+        # True once this worker is shutting down (SIGTERM): checked before each model call, the one
+        # point where every earlier step is stored and nothing is in flight.
+        self.should_yield = should_yield
 
     def _result(self, reason: TaskStopReason, state: policy.LoopState, usage: Usage, answer: str = "") -> TaskResult:
         return TaskResult(
@@ -151,7 +165,10 @@ class Loop:
         requires_tools = bool(self.task.spec.tools) and bool(self.gateway.allowed)
         started = self.store.started_ms / 1000 if self.store.started_ms else time.time()
         while True:
+            step_started = time.perf_counter()
             if pending.turn is None:
+                if self.should_yield is not None and self.should_yield():
+                    raise Handover(state.steps)
                 stop = policy.stop_before_call(
                     state,
                     self.limits.max_steps,
@@ -176,6 +193,8 @@ class Loop:
                 response = pending.turn  # the reply we received before a crash: not asked again
             usage = usage + response.usage
             outcome = await self._step(response, pending, messages, state, requires_tools)
+            seconds = time.perf_counter() - step_started
+            observe(lambda o: o.step(seconds))  # noqa: B023 - called right here, not later
             pending = Pending()
             if outcome is not None:
                 reason, answer = outcome
@@ -309,15 +328,19 @@ class Loop:
     async def _run_cancellable(self, work: Awaitable[None]) -> bool:
         """Run `work`, polling for cancellation meanwhile. False if the task was cancelled."""
         job = asyncio.ensure_future(work)
-        while True:
-            finished, _ = await asyncio.wait([job], timeout=0.2)
-            if finished:
-                job.result()
-                return True
-            if await self.is_cancelled():
-                job.cancel()
-                await asyncio.gather(job, return_exceptions=True)
-                return False
+        try:
+            while True:
+                finished, _ = await asyncio.wait([job], timeout=0.2)
+                if finished:
+                    job.result()
+                    return True
+                if await self.is_cancelled():
+                    job.cancel()
+                    await asyncio.gather(job, return_exceptions=True)
+                    return False
+        except asyncio.CancelledError:
+            job.cancel()  # this job itself was cancelled (shutdown, timeout): its tool calls stop with it
+            raise
 
     def _ctx(self, call: ToolUseBlock, state: policy.LoopState) -> ToolContext:
         return ToolContext(

@@ -94,6 +94,18 @@ redis.call('ZREM', KEYS[2], ARGV[2])
 return 1
 """
 
+# KEYS: lease, leases zset. ARGV: epoch, member, now_ms. The holder gives the attempt up unfinished
+# (its worker is shutting down): the epoch moves on, so any late write or renewal of the old holder
+# fails, and the lease is expired now (still in the zset) so that the next `execute` job takes it at
+# once, and any watchdog resumes it if no such job comes.
+_RELEASE = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
+redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('HSET', KEYS[1], 'expires_ms', 0, 'holder', '')
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+return 1
+"""
+
 # KEYS: lease, pending. ARGV: epoch, then field/value pairs. Returns 1, or 0 if the lease was lost.
 _PENDING_SET = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
@@ -157,6 +169,7 @@ class AttemptStore:
         self._acquire = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
         self._finish = redis.register_script(_FINISH)
+        self._release = redis.register_script(_RELEASE)
         self._pending_set = redis.register_script(_PENDING_SET)
         self._append = redis.register_script(_APPEND_STEP)
         self._save_result = redis.register_script(_SAVE_RESULT)
@@ -182,6 +195,12 @@ class AttemptStore:
 
     async def finish(self) -> None:
         await self._finish(keys=[self.lease_key, self.keys.leases()], args=[self.epoch, self.member])
+
+    async def release(self) -> bool:
+        """Give the unfinished attempt up for another executor to resume now (not after the TTL).
+        False if the lease was no longer ours."""
+        out = await self._release(keys=[self.lease_key, self.keys.leases()], args=[self.epoch, self.member, now_ms()])
+        return bool(out)
 
     async def steps(self) -> list[StepRecord]:
         rows = await self.redis.lrange(self.steps_key, 0, -1)  # type: ignore[misc]

@@ -29,6 +29,7 @@ from executor.registry import ToolLoadError
 from llm.errors import ModelConfigError
 
 from .logs import configure_logging
+from .metrics import MetricsError
 from .settings import Settings, SettingsError, load_settings
 from .workers import keys_for, run_workers
 
@@ -116,8 +117,56 @@ def worker(
         asyncio.run(run_workers(roles, settings, burst=burst))
     except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
         _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
-    except (ModelConfigError, ToolLoadError) as exc:
+    except (ModelConfigError, ToolLoadError, MetricsError) as exc:
         _fail(EXIT_INVALID, str(exc))
+
+
+@app.command()
+def health(
+    role: Annotated[
+        list[str] | None, typer.Option("--role", help="planner | executor | critic | all (repeatable; default all)")
+    ] = None,
+    local: Annotated[bool, typer.Option("--local", help="only workers on this host (container probes)")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for Redis")] = 5.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Exit 0 if Redis answers and each role has a worker with a fresh heartbeat; else 1 with the reason."""
+    import socket
+
+    from redis.asyncio import Redis
+
+    from bus.connection import EmbeddedRedis
+
+    from . import health as checks
+
+    wanted = [r for name in (role or ["all"]) for r in (ROLES if name == "all" else [name])]
+    if any(r not in ROLES for r in wanted):
+        _fail(EXIT_INVALID, f"--role: expected one of {', '.join(ROLES)}, all; got {', '.join(role or [])}")
+    settings = _settings()
+    # With no TASKLOOM_REDIS_URL, look for the embedded server without starting one: a health check
+    # that started a fresh, empty Redis would only hide the problem.
+    url = settings.redis_url or EmbeddedRedis(settings.home).url
+
+    async def go() -> checks.Report:
+        redis = Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        try:
+            return await asyncio.wait_for(
+                checks.check(redis, keys_for(settings), wanted, socket.gethostname() if local else None), timeout
+            )
+        except TimeoutError:
+            return checks.Report(redis=False, reasons=[f"cannot reach Redis: no answer within {timeout:g} s"])
+        finally:
+            await redis.aclose()
+
+    report = asyncio.run(go())
+    if as_json:
+        _print_json(report.as_json())
+    elif report.ok:
+        live = "; ".join(f"{r}: {sum(b.alive for b in beats)} live" for r, beats in report.roles.items())
+        out.print(f"ok: Redis answers; {live}", highlight=False, soft_wrap=True)
+    else:  # one line, never wrapped: probes and their logs read it
+        err.print("[bold red]unhealthy:[/] " + "; ".join(report.reasons), highlight=False, soft_wrap=True)
+    raise typer.Exit(0 if report.ok else EXIT_NOT_FOUND)
 
 
 @app.command()

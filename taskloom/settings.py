@@ -82,6 +82,14 @@ class Settings(BaseSettings):
         "million tokens, on top of the built-in Claude prices",
     )
 
+    # Operations (deploy/, docs/operations.md). The metrics endpoint is opt-in: unset = no HTTP server.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Prometheus endpoint port")
+    metrics_addr: str = Field(default="0.0.0.0", min_length=1, description="address the metrics endpoint binds")
+    metrics_interval: float = Field(default=5, gt=0, le=300, description="seconds between queue-depth reads")
+    # Each worker process records a heartbeat every third of this; `taskloom health` calls a worker
+    # dead once its last heartbeat is older than this (a SIGKILLed worker is noticed within it).
+    heartbeat_ttl: float = Field(default=15, ge=1, le=600, description="seconds a worker heartbeat stays fresh")
+
     @field_validator("redis_url")
     @classmethod
     def _check_url(cls, v: str | None) -> str | None:
@@ -90,6 +98,11 @@ class Settings(BaseSettings):
         if not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("expected a URL starting with redis://, rediss:// or unix://")
         return v
+
+    @field_validator("metrics_port", mode="before")
+    @classmethod
+    def _empty_port_is_off(cls, v: object) -> object:
+        return None if v == "" else v
 
     @property
     def embedded(self) -> bool:

@@ -4,8 +4,14 @@ Each job handler is wrapped once here: its payload is validated, the log context
 (role, job_id, goal_id, task_id, attempt) and start/end/failure are logged. Roles stay plain async
 functions `handler(runtime, payload)`.
 
-Shutdown: on SIGTERM/SIGINT a process stops taking jobs, lets running jobs finish for
-`shutdown_grace` seconds, then cancels what is left; arq re-runs those after their lock expires.
+Shutdown: on SIGTERM/SIGINT a process stops taking jobs and lets running jobs finish for
+`shutdown_grace` seconds. An executor job does not start another step meanwhile: at its next step
+boundary it hands the attempt over (lease released, resume job enqueued) to another executor. What
+still runs when the grace ends is cancelled: arq puts a cancelled job back on its queue, and a
+cancelled executor job releases its lease first, so another worker resumes it at once.
+
+Operations: every process records a heartbeat per role (`taskloom.health`), and with
+`TASKLOOM_METRICS_PORT` set it serves Prometheus metrics (`taskloom.metrics`).
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ from bus.jobs import JobPayload, parse_payload
 from bus.keys import ROLES, Keys
 from bus.ledger import Ledger, PriceTable
 from bus.metered import ModelFactory
+from bus.observe import Observer, install, observe
 from bus.runtime import Limits, Runtime
 from executor.demo_tools import support
 from executor.registry import ToolRegistry, load_registry
 from llm import make_model
 from llm.port import ModelPort
 
+from . import health, metrics
 from .settings import Settings
 
 log = structlog.get_logger("taskloom.worker")
@@ -45,10 +53,13 @@ log = structlog.get_logger("taskloom.worker")
 Handler = Callable[[Runtime, Any], Awaitable[None]]
 
 
-def handlers_for(role: str, registry: ToolRegistry) -> dict[str, Handler]:
+def handlers_for(
+    role: str, registry: ToolRegistry, stopping: Callable[[], bool] | None = None
+) -> dict[str, Handler]:
+    """`stopping()` is true once the process is shutting down (executors hand their attempts over)."""
     table: dict[str, dict[str, Handler]] = {
         "planner": {"plan": planner.plan, "advance": planner.advance, "replan": planner.replan},
-        "executor": {"execute": functools.partial(executor.execute, registry=registry)},
+        "executor": {"execute": functools.partial(executor.execute, registry=registry, stopping=stopping)},
         "critic": {"review": critic.review, "review_goal": critic.review_goal},
     }
     return table[role]
@@ -110,26 +121,38 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
         with structlog.contextvars.bound_contextvars(**base, **fields):
             started = time.perf_counter()
             log.info("job.start", function=name)
+            observe(lambda o: o.job_started(role, name))
+            outcome = "ok"
             try:
                 await handler(ctx["runtime"], payload)
             except asyncio.CancelledError:
+                outcome = "cancelled"
                 log.warning("job.cancelled", function=name, seconds=round(time.perf_counter() - started, 4))
                 raise
             except Exception:
+                outcome = "failed"
                 log.exception("job.failed", function=name, seconds=round(time.perf_counter() - started, 4))
                 raise
-            log.info("job.end", function=name, seconds=round(time.perf_counter() - started, 4))
+            finally:
+                seconds = time.perf_counter() - started
+                observe(lambda o: o.job_finished(role, name, outcome, seconds))
+            log.info("job.end", function=name, seconds=round(seconds, 4))
 
     run.__qualname__ = f"{role}.{name}"
     return func(run, name=name)
 
 
-def worker_settings(role: str, settings: Settings, registry: ToolRegistry | None = None) -> dict[str, Any]:
+def worker_settings(
+    role: str,
+    settings: Settings,
+    registry: ToolRegistry | None = None,
+    stopping: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
     """The arq `WorkerSettings` of one role (as a dict, which arq accepts)."""
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
     keys = keys_for(settings)
-    handlers = handlers_for(role, registry or ToolRegistry())
+    handlers = handlers_for(role, registry or ToolRegistry(), stopping)
     return {
         "functions": [_job_function(role, n, h) for n, h in handlers.items()],
         "queue_name": keys.queue(role),
@@ -163,11 +186,12 @@ def build_workers(
     model: ModelPort,
     registry: ToolRegistry,
     burst: bool = False,
+    stopping: Callable[[], bool] | None = None,
 ) -> tuple[Runtime, list[Worker]]:
     runtime = build_runtime(settings, redis, model, registry)
     workers = [
         Worker(
-            **worker_settings(role, settings, registry),
+            **worker_settings(role, settings, registry, stopping),
             redis_pool=redis,
             burst=burst,
             ctx={"runtime": runtime, "role": role, "settings": settings},
@@ -216,19 +240,39 @@ async def run_workers(
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
+    metrics_server = None
+    previous_observer: Observer | None = None
     try:
         registry = load_tools(settings)
         owned = model is None
         model = model or make_inner_model(settings)
+        if settings.metrics_port is not None and not burst:
+            metrics_server = metrics.serve(settings.metrics_port, settings.metrics_addr)
+            previous_observer = install(metrics.PrometheusObserver())
         async with connect(settings.redis_url, settings.home) as redis:
-            runtime, workers = build_workers(roles, settings, redis, model, registry, burst)
-            log.info("worker.started", roles=list(roles), poll_delay=settings.poll_delay, embedded=settings.embedded)
+            # The executors' handlers read `stop` to hand their attempts over between steps.
+            runtime, workers = build_workers(roles, settings, redis, model, registry, burst, stop.is_set)
+            instance = health.instance_id()
+            log.info(
+                "worker.started",
+                roles=list(roles),
+                poll_delay=settings.poll_delay,
+                embedded=settings.embedded,
+                instance=instance,
+                metrics_port=metrics_server.port if metrics_server else None,
+            )
             mains = [asyncio.create_task(w.main(), name=f"arq-{r}") for w, r in zip(workers, roles, strict=True)]
             side = []
             if not burst and "planner" in roles:
                 side.append(asyncio.create_task(_reconcile_forever(runtime, settings)))
             if not burst and "executor" in roles:
                 side.append(asyncio.create_task(_recover_forever(runtime)))
+            if not burst:
+                beat = health.heartbeat_forever(redis, runtime.keys, roles, instance, settings.heartbeat_ttl)
+                side.append(asyncio.create_task(beat))
+            if metrics_server is not None:
+                depths = metrics.refresh_queue_depth_forever(redis, runtime.keys, settings.metrics_interval)
+                side.append(asyncio.create_task(depths))
             stopper = asyncio.create_task(stop.wait())
             if burst:
                 await asyncio.wait(mains, return_when=asyncio.ALL_COMPLETED)
@@ -236,11 +280,17 @@ async def run_workers(
                 await asyncio.wait([*mains, stopper], return_when=asyncio.FIRST_COMPLETED)
             await _shutdown(workers, mains, [*side, stopper], settings.shutdown_grace)
             await redis.delete(*(runtime.keys.health_check(r) for r in roles))
+            if not burst:
+                await health.deregister(redis, runtime.keys, roles, instance)
             for task in mains:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
             log.info("worker.stopped", roles=list(roles), jobs_complete=sum(w.jobs_complete for w in workers))
     finally:
+        if metrics_server is not None:
+            metrics_server.close()
+        if previous_observer is not None:
+            install(previous_observer)
         for sig in installed:
             loop.remove_signal_handler(sig)
         close = getattr(model, "aclose", None) if owned else None

@@ -1,0 +1,131 @@
+"""Worker heartbeats and `taskloom health`.
+
+Every worker process records a heartbeat for each role it runs: one sorted set per role,
+member `host:pid`, score = the time (ms) until which the beat counts as fresh, written every third of
+`TASKLOOM_HEARTBEAT_TTL`. A worker that stops cleanly removes its members; one killed with SIGKILL
+stops beating and is called dead once its score has passed. arq's own health-check key is one key
+per queue that every worker of the role overwrites, so it cannot tell which worker is alive: a
+container probe must ask about *its* worker (`--local`: members of this host, which in a container is
+the container or pod name).
+
+The beat runs on the worker's event loop, so a loop blocked by a runaway synchronous tool stops
+beating too, and the orchestrator restarts that worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+
+from bus.keys import Keys
+
+log = structlog.get_logger("taskloom.health")
+
+# Dead members are kept this long, so that `taskloom health` can say when a worker was last seen.
+FORGET_AFTER_MS = 3600 * 1000
+
+
+def workers_key(keys: Keys, role: str) -> str:
+    """The role's heartbeat set (see `Keys.workers`)."""
+    return keys.workers(role)
+
+
+def instance_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def beat(redis: Redis, keys: Keys, roles: Sequence[str], instance: str, ttl: float) -> None:
+    now = _now_ms()
+    async with redis.pipeline(transaction=False) as pipe:
+        for role in roles:
+            pipe.zadd(workers_key(keys, role), {instance: now + int(ttl * 1000)})
+            pipe.zremrangebyscore(workers_key(keys, role), "-inf", now - FORGET_AFTER_MS)
+        await pipe.execute()
+
+
+async def heartbeat_forever(redis: Redis, keys: Keys, roles: Sequence[str], instance: str, ttl: float) -> None:
+    """Beat now and every `ttl / 3` seconds; a failed beat (Redis away) is logged and retried."""
+    while True:
+        try:
+            await beat(redis, keys, roles, instance, ttl)
+        except Exception as exc:
+            log.warning("heartbeat.failed", error=repr(exc))
+        await asyncio.sleep(ttl / 3)
+
+
+async def deregister(redis: Redis, keys: Keys, roles: Sequence[str], instance: str) -> None:
+    for role in roles:
+        await redis.zrem(workers_key(keys, role), instance)
+
+
+@dataclass
+class WorkerBeat:
+    instance: str
+    fresh_for: float  # seconds the last beat stays fresh; negative: stale by that much (dead)
+
+    @property
+    def alive(self) -> bool:
+        return self.fresh_for > 0
+
+
+@dataclass
+class Report:
+    redis: bool
+    roles: dict[str, list[WorkerBeat]] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.redis and not self.reasons
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "redis": self.redis,
+            "reasons": self.reasons,
+            "roles": {
+                role: {
+                    "live": [b.instance for b in beats if b.alive],
+                    "dead": [
+                        {"instance": b.instance, "stale_for": round(-b.fresh_for, 1)} for b in beats if not b.alive
+                    ],
+                }
+                for role, beats in self.roles.items()
+            },
+        }
+
+
+async def check(redis: Redis, keys: Keys, roles: Sequence[str], host: str | None = None) -> Report:
+    """Redis answers, and each of `roles` has a worker with a fresh heartbeat (on `host`, if given)."""
+    try:
+        await redis.ping()
+    except Exception as exc:
+        return Report(redis=False, reasons=[f"cannot reach Redis: {exc}"])
+    report = Report(redis=True)
+    now = _now_ms()
+    for role in roles:
+        rows = await redis.zrange(workers_key(keys, role), 0, -1, withscores=True)
+        beats = [
+            WorkerBeat((m.decode() if isinstance(m, bytes) else str(m)), (score - now) / 1000) for m, score in rows
+        ]
+        if host is not None:
+            beats = [b for b in beats if b.instance.rsplit(":", 1)[0] == host]
+        report.roles[role] = beats
+        if not any(b.alive for b in beats):
+            where = f" on host {host}" if host is not None else ""
+            last = max(beats, key=lambda b: b.fresh_for, default=None)
+            seen = f" (the heartbeat of {last.instance} went stale {-last.fresh_for:.1f} s ago)" if last else ""
+            report.reasons.append(f"no live {role} worker{where}{seen}")
+    return report
