@@ -304,6 +304,23 @@ class Store:
         )
         return self._outcome(out, f"goal {goal_id}", target.value)
 
+    async def expire_if_late(self, goal_id: str, now: datetime | None = None) -> bool:
+        """Fail a goal whose own deadline (`Goal.deadline`) has passed. True if this call failed it.
+
+        Every job checks this before its handler runs, so a late goal stops at its next hop; an
+        executor also stops an attempt at the deadline between steps.
+        """
+        goal = await self.get_goal(goal_id)
+        deadline = goal.goal.deadline
+        if deadline is None or goal.terminal or (now or utcnow()) <= deadline:
+            return False
+        try:
+            return await self.transition_goal(
+                goal_id, GoalState.FAILED, reason=f"deadline {deadline.isoformat()} passed"
+            )
+        except IllegalTransition:
+            return False  # it ended meanwhile
+
     async def submitted_before(self, cutoff: datetime, limit: int = 100) -> list[str]:
         """Ids of goals still `submitted` that were created before `cutoff` (for the reconciler)."""
         ids = await self.redis.zrangebyscore(

@@ -173,7 +173,7 @@ class Loop:
                     state,
                     self.limits.max_steps,
                     time.time() - started,
-                    self.limits.task_timeout,
+                    self._time_limit(started),
                     await self.is_cancelled(),
                 )
                 if stop is not None:
@@ -341,6 +341,14 @@ class Loop:
         except asyncio.CancelledError:
             job.cancel()  # this job itself was cancelled (shutdown, timeout): its tool calls stop with it
             raise
+
+    def _time_limit(self, started: float) -> float:
+        """Seconds this attempt may run: the task timeout, or less when the goal's deadline is nearer."""
+        limit = self.limits.task_timeout
+        deadline = self.task.goal.goal.deadline
+        if deadline is not None:
+            limit = min(limit, deadline.timestamp() - started)
+        return limit
 
     def _ctx(self, call: ToolUseBlock, state: policy.LoopState) -> ToolContext:
         return ToolContext(

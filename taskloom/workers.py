@@ -53,9 +53,7 @@ log = structlog.get_logger("taskloom.worker")
 Handler = Callable[[Runtime, Any], Awaitable[None]]
 
 
-def handlers_for(
-    role: str, registry: ToolRegistry, stopping: Callable[[], bool] | None = None
-) -> dict[str, Handler]:
+def handlers_for(role: str, registry: ToolRegistry, stopping: Callable[[], bool] | None = None) -> dict[str, Handler]:
     """`stopping()` is true once the process is shutting down (executors hand their attempts over)."""
     table: dict[str, dict[str, Handler]] = {
         "planner": {"plan": planner.plan, "advance": planner.advance, "replan": planner.replan},
@@ -124,6 +122,9 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
             observe(lambda o: o.job_started(role, name))
             outcome = "ok"
             try:
+                goal_id = getattr(payload, "goal_id", None)
+                if goal_id is not None and await ctx["runtime"].store.expire_if_late(goal_id):
+                    log.warning("goal.deadline_passed", function=name)  # the handler then finds it ended
                 await handler(ctx["runtime"], payload)
             except asyncio.CancelledError:
                 outcome = "cancelled"

@@ -57,12 +57,13 @@ async def start_task(
     model: AnthropicModel,
     tools: list[str],
     budget: int = 200_000,
+    deadline: Any = None,
     **overrides: Any,
 ) -> Env:
     """A goal with a one-task plan, the task dispatched (ready, attempt 1)."""
     settings = settings.model_copy(update=overrides)
     client = Client(redis, keys, default_budget_tokens=budget)
-    gid = await client.submit({"text": "test goal", "budget_tokens": budget})
+    gid = await client.submit({"text": "test goal", "budget_tokens": budget, "deadline": deadline})
     store = client.store
     await store.transition_goal(gid, GoalState.PLANNING)
     spec = TaskSpec(id="t1", title="t", instructions="use the tools", definition_of_done="an answer", tools=tools)
@@ -334,3 +335,20 @@ async def test_long_histories_are_condensed_before_the_call(
         b["content"] for m in last if m["role"] == "user" for b in m["content"] if b.get("type") == "tool_result"
     ]
     assert len(contents) == 4 and "condensed" in contents[0] and len(contents[-1]) > 9000
+
+
+async def test_the_goal_deadline_stops_an_attempt_between_steps(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """A goal whose deadline falls mid-task stops the attempt with reason deadline, well before task_timeout."""
+    from datetime import timedelta
+
+    from bus.schemas import utcnow
+
+    env = await start_task(redis, keys, settings, model, ["slow_a"], deadline=utcnow() + timedelta(seconds=1.5))
+    calls = iter(range(1000))
+    fake.respond_with(lambda req: tool_reply([("slow_a", {"x": next(calls)})]))
+    started = asyncio.get_running_loop().time()
+    result = await run(env)
+    assert result.stop_reason == "deadline"
+    assert asyncio.get_running_loop().time() - started < 10

@@ -181,3 +181,21 @@ async def test_racing_claims_on_one_task_have_exactly_one_winner(redis: ArqRedis
         for p in pools:
             await p.aclose()
     assert sorted(results) == [False] * 19 + [True]
+
+
+async def test_a_goal_past_its_deadline_is_failed_once(redis: ArqRedis, keys: Keys) -> None:
+    """expire_if_late fails a goal whose deadline passed (once), and leaves an on-time or ended goal alone."""
+    from datetime import timedelta
+
+    from bus.schemas import utcnow
+
+    store = Store(redis, keys)
+    soon = utcnow() + timedelta(seconds=60)
+    await store.create_goal(GoalRecord(id="late", goal=Goal(text="x", deadline=soon), budget_tokens=10))
+    await store.create_goal(GoalRecord(id="free", goal=Goal(text="x"), budget_tokens=10))
+    assert not await store.expire_if_late("late")
+    assert not await store.expire_if_late("free", now=soon + timedelta(days=1))
+    assert await store.expire_if_late("late", now=soon + timedelta(seconds=1))
+    assert not await store.expire_if_late("late", now=soon + timedelta(seconds=2))
+    goal = await store.get_goal("late")
+    assert goal.state is GoalState.FAILED and goal.reason is not None and "deadline" in goal.reason
