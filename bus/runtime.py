@@ -3,9 +3,12 @@ worker process by the composition root (`taskloom.workers`)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+import structlog
 from arq.connections import ArqRedis
 
 from llm.port import ModelPort
@@ -14,7 +17,12 @@ from llm.types import ToolDef
 from .events import EventLog
 from .jobs import Jobs
 from .keys import Keys
-from .store import Store
+from .ledger import BudgetExhausted, Ledger
+from .schemas import GoalState
+from .store import IllegalTransition, Store
+
+T = TypeVar("T")
+log = structlog.get_logger("taskloom.ledger")
 
 
 class ModelSource(Protocol):
@@ -50,7 +58,7 @@ class Runtime:
     events: EventLog
     jobs: Jobs
     models: ModelSource | None = None
-    ledger: Any = None  # bus.ledger.Ledger once wired (kept loose to avoid an import cycle)
+    ledger: Ledger | None = None
     limits: Limits = field(default_factory=Limits)
     tool_catalog: tuple[ToolDef, ...] = ()  # every loaded tool, for the planner's prompt
 
@@ -64,6 +72,17 @@ class Runtime:
             jobs=Jobs(redis, keys),
             **extra,
         )
+
+    async def within_budget(self, goal_id: str, call: Awaitable[T]) -> T | None:
+        """Await a model-calling coroutine; when the ledger refuses it, end the goal `budget_exhausted`
+        (keeping every accepted result) and return None instead of failing the job."""
+        try:
+            return await call
+        except BudgetExhausted as exc:
+            log.warning("goal.budget_exhausted", goal_id=goal_id, detail=str(exc))
+            with contextlib.suppress(IllegalTransition):  # it ended another way meanwhile
+                await self.store.transition_goal(goal_id, GoalState.BUDGET_EXHAUSTED, reason=str(exc))
+            return None
 
     def model_for(self, goal_id: str) -> ModelPort:
         if self.models is None:

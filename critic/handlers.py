@@ -7,9 +7,6 @@ was enqueued). A goal that has ended gets no model call.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import TypeVar
-
 import structlog
 
 from bus.jobs import AdvanceJob, ExecuteJob, ReplanJob, ReviewGoalJob, ReviewJob
@@ -25,8 +22,6 @@ log = structlog.get_logger("taskloom.critic")
 
 # The final answer gathers every result: give it more room than one verdict.
 ANSWER_TOKENS_FACTOR = 2
-
-T = TypeVar("T")
 
 
 # -- review of one task attempt ---------------------------------------------------------------
@@ -72,8 +67,7 @@ async def _judge(
     if early is not None:
         log.info("review.deterministic", stop_reason=result.stop_reason, feedback=early.feedback)
         return early, True
-    outcome = await _budgeted(
-        rt,
+    outcome = await rt.within_budget(
         goal.id,
         ask_for_verdict(
             rt.model_for(goal.id),
@@ -175,8 +169,7 @@ async def review_goal(rt: Runtime, job: ReviewGoalJob) -> None:
     answer = await _final_answer(rt, goal)
     if answer is None:
         return
-    outcome = await _budgeted(
-        rt,
+    outcome = await rt.within_budget(
         goal.id,
         ask_for_verdict(
             rt.model_for(goal.id),
@@ -200,8 +193,7 @@ async def _final_answer(rt: Runtime, goal: GoalRecord) -> str | None:
         rec = records.get(spec.id)
         result = await rt.store.get_result(goal.id, spec.id, rec.attempt) if rec and rec.attempt else None
         accepted.append((spec, result))
-    response = await _budgeted(
-        rt,
+    response = await rt.within_budget(
         goal.id,
         write_answer(
             rt.model_for(goal.id),
@@ -252,29 +244,6 @@ async def _emit(
 
 def _meta(goal_id: str, purpose: str, task_id: str | None = None) -> dict[str, str]:
     return {"goal_id": goal_id, "role": "critic", "purpose": purpose, **({"task_id": task_id} if task_id else {})}
-
-
-def _is_budget_exhausted(exc: BaseException) -> bool:
-    try:
-        from bus.ledger import BudgetExhausted
-    except ImportError:  # the ledger lands separately; match by name until then
-        return type(exc).__name__ == "BudgetExhausted"
-    return isinstance(exc, BudgetExhausted)
-
-
-async def _budgeted(rt: Runtime, goal_id: str, call: Awaitable[T]) -> T | None:
-    """Await a model-calling coroutine; a refused budget ends the goal (None) instead of failing the job."""
-    try:
-        return await call
-    except Exception as exc:
-        if not _is_budget_exhausted(exc):
-            raise
-        log.warning("critic.budget_exhausted", error=str(exc))
-        try:
-            await rt.store.transition_goal(goal_id, GoalState.BUDGET_EXHAUSTED, reason=str(exc))
-        except IllegalTransition:
-            pass  # already ended another way
-        return None
 
 
 __all__ = ["review", "review_goal"]

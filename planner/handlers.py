@@ -7,9 +7,6 @@ id, moving a record to the state it is already in). A goal that has ended gets n
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import TypeVar
-
 import structlog
 
 from bus.jobs import AdvanceJob, ExecuteJob, PlanJob, ReplanJob, ReviewGoalJob
@@ -26,8 +23,6 @@ log = structlog.get_logger("taskloom.planner")
 
 # A plan is one tool call holding every task: it needs more room than one executor step.
 PLAN_TOKENS_FACTOR = 4
-
-T = TypeVar("T")
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -110,8 +105,7 @@ async def _ask(rt: Runtime, goal: GoalRecord, prompt: str, purpose: str) -> Plan
     def validate(p: Plan) -> list[str]:
         return validate_plan(p, known_tools=known, allowed_tools=allowed, max_tasks=rt.limits.max_plan_tasks)
 
-    return await _budgeted(
-        rt,
+    return await rt.within_budget(
         goal.id,
         ask_for_plan(
             rt.model_for(goal.id),
@@ -288,25 +282,6 @@ async def _move_task(
 async def _stop(rt: Runtime, goal_id: str, target: GoalState, reason: str) -> None:
     log.warning("plan.goal_stopped", state=target.value, reason=reason)
     await _move_goal(rt, goal_id, target, reason=reason)
-
-
-def _is_budget_exhausted(exc: BaseException) -> bool:
-    try:
-        from bus.ledger import BudgetExhausted
-    except ImportError:  # the ledger lands separately; match by name until then
-        return type(exc).__name__ == "BudgetExhausted"
-    return isinstance(exc, BudgetExhausted)
-
-
-async def _budgeted(rt: Runtime, goal_id: str, call: Awaitable[T]) -> T | None:
-    """Await a model-calling coroutine; a refused budget ends the goal (None) instead of failing the job."""
-    try:
-        return await call
-    except Exception as exc:
-        if not _is_budget_exhausted(exc):
-            raise
-        await _stop(rt, goal_id, GoalState.BUDGET_EXHAUSTED, str(exc))
-        return None
 
 
 def _no_plan_reason(outcome: PlanOutcome) -> str:
