@@ -1,0 +1,442 @@
+"""Shared pieces of the benchmarks: Redis with a unique prefix and cleanup, a scripted model that
+answers every role at a fixed delay, worker processes, Redis command counting, and a raw arq
+worker (the peer figure) that can also be run with a prototype wake-up signal.
+
+    python -m bench._harness noop --redis-url URL --queue Q --poll-delay S [--wake STREAM --fallback S]
+
+runs the raw arq worker (used by `bench.hops` and `bench.throughput` as a subprocess).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from arq.connections import ArqRedis, create_pool
+from arq.worker import Worker, func
+
+from bus.connection import EmbeddedRedis, redis_settings
+from bus.keys import Keys
+from critic.prompts import ANSWER_SYSTEM, GOAL_REVIEW_SYSTEM, REVIEW_SYSTEM
+from executor.loop import SYSTEM as EXECUTOR_SYSTEM
+from llm.testing import RecordedRequest, Script, text_reply, tool_reply
+from planner.prompts import PLAN_TOOL
+from planner.prompts import SYSTEM as PLANNER_SYSTEM
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+TOOLS = "bench.toolkit:kit"
+FAKE_KEY = "bench-not-a-real-key"
+FAKE_MODEL = "claude-bench"
+
+# -- numbers --------------------------------------------------------------------------------------
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100, inclusive method); nan for no values."""
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return values[0] if q <= 0 else cuts[min(98, max(0, round(q) - 1))]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
+
+
+# -- machine and Redis ----------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "?"
+
+
+async def machine(redis: ArqRedis, where: str) -> str:
+    info = await redis.info("server")
+    return (
+        f"{os.cpu_count()} cores ({cpu_model()}), {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}, Redis {info.get('redis_version', '?')} at {where}"
+    )
+
+
+@dataclass
+class Bench:
+    """A Redis connection, the URL worker processes use, and this run's unique key prefix."""
+
+    url: str
+    where: str
+    redis: ArqRedis
+    prefix: str
+    home: Path
+    keys: Keys = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.keys = Keys(prefix=self.prefix)
+
+    async def cleanup(self) -> int:
+        """Delete every key of this run: ours and arq's job/result keys (their ids carry the prefix)."""
+        n = 0
+        for pattern in (f"{self.prefix}*", f"arq:*{self.prefix}*"):
+            batch: list[Any] = []
+            async for key in self.redis.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    n += await self.redis.delete(*batch)
+                    batch = []
+            if batch:
+                n += await self.redis.delete(*batch)
+        return n
+
+
+@contextlib.asynccontextmanager
+async def bench_redis(url: str, name: str) -> AsyncIterator[Bench]:
+    """Redis at `url` (or an embedded redis-server when it cannot be reached) with a fresh prefix,
+    whose keys are deleted on exit."""
+    prefix = f"bench-{name}-{uuid.uuid4().hex[:10]}:"
+    with tempfile.TemporaryDirectory(prefix=f"taskloom-bench-{name}-") as tmp:
+        home = Path(tmp)
+        embedded: EmbeddedRedis | None = None
+        where = url
+        try:
+            probe = await create_pool(redis_settings(url))
+            await probe.ping()
+            await probe.aclose()
+        except Exception:
+            embedded = EmbeddedRedis(home / "redis")
+            url = await asyncio.to_thread(embedded.acquire)
+            where = "embedded redis-server (unix socket; the URL was not reachable)"
+        redis = await create_pool(redis_settings(url))
+        bench = Bench(url=url, where=where, redis=redis, prefix=prefix, home=home)
+        try:
+            yield bench
+        finally:
+            with contextlib.suppress(Exception):
+                await bench.cleanup()
+            await redis.aclose()
+            if embedded is not None:
+                await asyncio.to_thread(embedded.release)
+
+
+async def command_counts(redis: ArqRedis) -> Counter[str]:
+    """Calls per command since the server started (`INFO commandstats`)."""
+    info = await redis.info("commandstats")
+    return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items() if isinstance(v, dict)})
+
+
+async def command_rate(redis: ArqRedis, seconds: float) -> tuple[float, Counter[str]]:
+    """Commands per second the server executed over `seconds` (ours excluded: the two INFO calls)."""
+    before = await command_counts(redis)
+    t0 = time.perf_counter()
+    await asyncio.sleep(seconds)
+    after = await command_counts(redis)
+    wall = time.perf_counter() - t0
+    delta = after - before
+    delta["info"] = max(0, delta["info"] - 1)
+    return sum(delta.values()) / wall, delta
+
+
+# -- the scripted model ---------------------------------------------------------------------------
+
+SHAPE = re.compile(r"bench-shape width=(\d+) chain=(\d+) steps=(\d+)")
+BASELINE_SYSTEM = "You are a single ReAct agent (bench baseline)."
+
+
+def goal_text(width: int, chain: int, steps: int) -> str:
+    """A goal whose plan is `width` independent chains of `chain` tasks, each a loop of `steps` tool
+    calls and an answer."""
+    return f"Benchmark goal: bench-shape width={width} chain={chain} steps={steps}"
+
+
+def task_id(i: int, j: int) -> str:
+    return f"c{i}-t{j}"
+
+
+def plan_for(width: int, chain: int, steps: int) -> dict[str, Any]:
+    tasks = [
+        {
+            "id": task_id(i, j),
+            "title": f"chain {i} task {j}",
+            "instructions": f"Fetch record {i}-{j} with the fetch tool and report it." if steps else f"Report {i}-{j}.",
+            "depends_on": [task_id(i, j - 1)] if j else [],
+            "definition_of_done": f"record {i}-{j} is reported",
+            "tools": ["fetch"] if steps else [],
+        }
+        for i in range(width)
+        for j in range(chain)
+    ]
+    return {"tasks": tasks, "rationale": "bench"}
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content or []:
+        if block.get("type") == "text":
+            parts.append(block["text"])
+        elif block.get("type") == "tool_result":
+            parts.append(_text(block.get("content")))
+    return "\n".join(parts)
+
+
+def role_of(req: RecordedRequest) -> str:
+    """planner | review | goal_review | answer | executor | baseline | unknown."""
+    forced = (req.body.get("tool_choice") or {}).get("name")
+    system = _text(req.body.get("system"))
+    if forced == PLAN_TOOL and system == PLANNER_SYSTEM:
+        return "planner"
+    if forced == "submit_verdict":
+        return {REVIEW_SYSTEM: "review", GOAL_REVIEW_SYSTEM: "goal_review"}.get(system, "unknown")
+    if system == ANSWER_SYSTEM:
+        return "answer"
+    if system == EXECUTOR_SYSTEM:
+        return "executor"
+    if system == BASELINE_SYSTEM:
+        return "baseline"
+    return "unknown"
+
+
+def tool_results(req: RecordedRequest) -> int:
+    return sum(
+        1
+        for m in req.messages
+        if m["role"] == "user" and isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    )
+
+
+ACCEPT = {"passed": True, "action": "accept", "feedback": "ok"}
+
+
+class Responder:
+    """Answers every role of taskloom (and the single-agent baseline) after `delay` seconds:
+    the planner with the plan the goal text asks for, executors with `steps` tool calls then an
+    answer, the critic with accept. Counts requests per role."""
+
+    def __init__(self, delay: float = 0.0, jitter: float = 0.0) -> None:
+        self.delay = delay
+        self.jitter = jitter  # executor and review calls wait up to this much more, at random
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def __call__(self, req: RecordedRequest) -> Script:
+        role = role_of(req)
+        with self._lock:
+            self.calls[role] += 1
+        first = _text(req.messages[0]["content"]) if req.messages else ""
+        shape = SHAPE.search(first)
+        width, chain, steps = (int(g) for g in shape.groups()) if shape else (1, 1, 1)
+        d = self.delay
+        if role in ("executor", "review") and self.jitter:
+            d += random.uniform(0, self.jitter)
+        if role == "planner":
+            return tool_reply([(PLAN_TOOL, plan_for(width, chain, steps))], delay=d)
+        if role in ("review", "goal_review"):
+            return tool_reply([("submit_verdict", ACCEPT)], delay=d)
+        if role == "answer":
+            return text_reply("All records were reported.", delay=d)
+        if role == "executor":
+            done = tool_results(req)
+            m = re.search(r"Your task \(([^)]+)\)", first)
+            tid = m.group(1) if m else "?"
+            if done < steps:
+                return tool_reply([("fetch", {"item": f"{tid}-{done}"})], delay=d)
+            return text_reply(f"Record {tid} reported after {done} fetches.", delay=d)
+        if role == "baseline":
+            return baseline_reply(req, d)
+        return text_reply("unrouted request", delay=d)
+
+
+LEAN = re.compile(r"lean items=(\S+)")
+
+
+def baseline_reply(req: RecordedRequest, delay: float) -> Script:
+    """The single ReAct agent of `bench.speedup`. Lean: one tool call per item, then one answer.
+    Otherwise the latest user turn names the next task: a tool call, then a text once it is answered."""
+    lean = LEAN.search(_text(req.messages[0]["content"]))
+    if lean:
+        items = lean.group(1).split(",")
+        done = tool_results(req)
+        if done < len(items):
+            return tool_reply([("fetch", {"item": items[done]})], delay=delay)
+        return text_reply("All records were reported.", delay=delay)
+    last = req.messages[-1]
+    if isinstance(last["content"], list) and last["content"] and last["content"][0].get("type") == "tool_result":
+        return text_reply("Reported the record.", delay=delay)
+    m = re.search(r"fetch (\S+)", _text(last["content"]))
+    if m:
+        return tool_reply([("fetch", {"item": m.group(1)})], delay=delay)
+    return text_reply("All records were reported.", delay=delay)
+
+
+# -- worker processes -----------------------------------------------------------------------------
+
+
+def worker_env(bench: Bench, *, poll_delay: float, base_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "TASKLOOM_"))}
+    env.update(
+        TASKLOOM_REDIS_URL=bench.url,
+        TASKLOOM_KEY_PREFIX=bench.prefix,
+        TASKLOOM_POLL_DELAY=str(poll_delay),
+        TASKLOOM_HOME=str(bench.home / "home"),
+        TASKLOOM_MODEL=FAKE_MODEL,
+        TASKLOOM_TOOLS=TOOLS,
+        TASKLOOM_SHUTDOWN_GRACE="0",
+        ANTHROPIC_API_KEY=FAKE_KEY,
+        ANTHROPIC_BASE_URL=base_url,
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def spawn(args: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    out = log.open("wb")
+    try:
+        return subprocess.Popen([sys.executable, *args], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    finally:
+        out.close()
+
+
+def spawn_worker(role: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return spawn(["-m", "taskloom", "worker", role], env, log)
+
+
+def stop(procs: Iterable[subprocess.Popen[bytes] | None]) -> None:
+    """SIGTERM the processes we started (by pid), then SIGKILL any still alive after 10 s."""
+    live = [p for p in procs if p is not None and p.poll() is None]
+    for p in live:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for p in live:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+async def wait_for_keys(
+    redis: ArqRedis, keys: Iterable[str], procs: Iterable[subprocess.Popen[bytes]], timeout: float = 60
+) -> None:
+    """Until every key exists (a worker's health-check key: it has polled once)."""
+    wanted = list(keys)
+    procs = list(procs)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all([await redis.exists(k) for k in wanted]):
+            return
+        dead = [p.args for p in procs if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"a worker process exited early: {dead}")
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"workers not ready after {timeout} s: {wanted}")
+
+
+def job_starts(log: Path) -> dict[str, datetime]:
+    """job_id -> time of its `job.start` log line, from a worker's JSON log."""
+    out: dict[str, datetime] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if '"job.start"' not in line:
+            continue
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            out.setdefault(rec["job_id"], datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")))
+    return out
+
+
+# -- the raw arq worker (the peer), optionally with a wake-up signal ------------------------------
+
+NOOP_QUEUE_READY = "ready"
+
+
+async def _noop(ctx: dict[str, Any], sent: float | None = None, out: str | None = None) -> None:
+    """Does nothing; when `sent` is given, records (start - sent) seconds in the list `out`."""
+    if sent is not None and out is not None:
+        started = time.time()
+        await ctx["redis"].rpush(out, f"{started - sent:.6f}")
+
+
+def noop_worker(pool: ArqRedis, queue: str, poll_delay: float, max_jobs: int) -> Worker:
+    """A plain arq worker with the same settings taskloom gives its workers (see taskloom.workers)."""
+    return Worker(
+        functions=[func(_noop, name="noop")],
+        redis_pool=pool,
+        queue_name=queue,
+        poll_delay=poll_delay,
+        max_jobs=max_jobs,
+        keep_result=3600,
+        health_check_interval=5,
+        health_check_key=f"{queue}:health-check",
+        handle_signals=False,
+    )
+
+
+async def wake_loop(worker: Worker, pool: ArqRedis, wake: ArqRedis, stream: str, fallback: float) -> None:
+    """A prototype wake-up signal for arq (not in the product): poll the queue, then block on a
+    stream that producers XADD to after each enqueue, for at most `fallback` seconds."""
+    worker.ctx["redis"] = pool
+    tail = await wake.xrevrange(stream, count=1)
+    last: Any = tail[0][0] if tail else "0-0"
+    while True:
+        await worker._poll_iteration()
+        reply = await wake.xread({stream: last}, count=100, block=max(1, int(fallback * 1000)))
+        if reply:
+            last = reply[0][1][-1][0]
+
+
+async def _noop_main(args: argparse.Namespace) -> None:
+    pool = await create_pool(redis_settings(args.redis_url))
+    worker = noop_worker(pool, args.queue, args.poll_delay, args.max_jobs)
+    if args.wake:
+        wake = await create_pool(redis_settings(args.redis_url))
+        await wake_loop(worker, pool, wake, args.wake, args.fallback)
+    else:
+        await worker.main()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench._harness")
+    sub = parser.add_subparsers(dest="command", required=True)
+    noop = sub.add_parser("noop", help="run a raw arq worker with a no-op function")
+    noop.add_argument("--redis-url", required=True)
+    noop.add_argument("--queue", required=True)
+    noop.add_argument("--poll-delay", type=float, default=0.05)
+    noop.add_argument("--max-jobs", type=int, default=10)
+    noop.add_argument("--wake", default="", help="stream to block on between polls (prototype wake-up)")
+    noop.add_argument("--fallback", type=float, default=1.0, help="with --wake: longest block between polls")
+    args = parser.parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_noop_main(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Memory: peak RSS of one executor process holding `--tasks` concurrent tasks that all wait on a slow
+model, beside the same process idle and a raw arq worker process idle.
+
+    python -m bench.memory [--redis-url redis://127.0.0.1:6379/0] [--tasks 200] [--delay 5]
+
+One `taskloom worker executor` process with `TASKLOOM_EXECUTOR_CONCURRENCY=--tasks`; `--tasks`
+goals of one task each (a tool call, then an answer) are stored and their execute jobs enqueued;
+the fake Messages API (in this process) answers every call after `--delay` s. RSS is read from
+/proc/<pid>/status: VmRSS when the process is idle (before any job), then VmHWM (the peak) and
+VmRSS once every task's first model call has reached the fake server and is waiting, and VmHWM
+again once their second calls (after the tool step) wait. Keys live under a unique prefix and are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench._harness import (
+    DEFAULT_REDIS,
+    Responder,
+    bench_redis,
+    goal_text,
+    machine,
+    spawn,
+    spawn_worker,
+    stop,
+    wait_for_keys,
+    worker_env,
+)
+from bus.client import Client
+from bus.jobs import ExecuteJob
+from bus.schemas import GoalState, Plan, TaskSpec, TaskState
+from llm.testing import FakeAnthropicServer
+
+
+def status_kb(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM, ... in kB, and Threads, from /proc/<pid>/status."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name.startswith("Vm") or name == "Threads":
+            out[name] = int(value.split()[0])
+    return out
+
+
+async def prepare(client: Client, n: int) -> list[ExecuteJob]:
+    """`n` running goals with one ready task each (as the planner would leave them); their jobs."""
+    spec = TaskSpec(
+        id="c0-t0",
+        title="fetch",
+        instructions="Fetch record 0 and report it.",
+        definition_of_done="reported",
+        tools=["fetch"],
+    )
+    jobs = []
+    for _ in range(n):
+        gid = await client.submit(goal_text(1, 1, 1))
+        await client.store.transition_goal(gid, GoalState.PLANNING)
+        await client.store.save_plan(gid, Plan(tasks=[spec]), expected_version=0)
+        await client.store.transition_goal(gid, GoalState.RUNNING)
+        await client.store.transition_task(gid, spec.id, TaskState.READY, attempt=1)
+        jobs.append(ExecuteJob(goal_id=gid, task_id=spec.id, attempt=1))
+    return jobs
+
+
+async def run(url: str, tasks: int, delay: float) -> str:
+    async with bench_redis(url, "memory") as bench:
+        where = await machine(bench.redis, bench.where)
+        with FakeAnthropicServer() as fake:
+            fake.respond_with(Responder(delay=delay))
+            env = worker_env(bench, poll_delay=0.05, base_url=fake.base_url, TASKLOOM_EXECUTOR_CONCURRENCY=str(tasks))
+            proc = spawn_worker("executor", env, bench.home / "executor.log")
+            arq = None
+            try:
+                await wait_for_keys(bench.redis, [bench.keys.health_check("executor")], [proc])
+                client = Client(bench.redis, bench.keys, default_budget_tokens=10_000_000)
+                jobs = await prepare(client, tasks)
+                await asyncio.sleep(2.0)
+                idle = status_kb(proc.pid)
+                t0 = time.perf_counter()
+                for job in jobs:
+                    await client.jobs.enqueue(job)
+                waiting = await wait_requests(fake, tasks, 60)
+                t_first = time.perf_counter() - t0
+                await asyncio.sleep(min(1.0, delay / 4))
+                loaded = status_kb(proc.pid)
+                await wait_requests(fake, 2 * tasks, 60 + 2 * delay)
+                await asyncio.sleep(min(1.0, delay / 4))
+                second = status_kb(proc.pid)
+                queue = f"{bench.prefix}arq-idle"
+                args = ["-m", "bench._harness", "noop", "--redis-url", bench.url, "--queue", queue]
+                arq = spawn(args, env, bench.home / "arq.log")
+                await wait_for_keys(bench.redis, [f"{queue}:health-check"], [arq])
+                await asyncio.sleep(1.0)
+                arq_idle = status_kb(arq.pid)
+            finally:
+                stop([proc, arq])
+    return report(where, tasks, delay, idle, loaded, second, arq_idle, waiting, t_first)
+
+
+async def wait_requests(fake: FakeAnthropicServer, n: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while len(fake.message_requests) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(fake.message_requests)} of {n} model calls reached the fake server")
+        await asyncio.sleep(0.05)
+    return len(fake.message_requests)
+
+
+def report(
+    where: str,
+    tasks: int,
+    delay: float,
+    idle: dict[str, int],
+    loaded: dict[str, int],
+    second: dict[str, int],
+    arq_idle: dict[str, int],
+    waiting: int,
+    t_first: float,
+) -> str:
+    def mb(kb: int) -> str:
+        return f"{kb / 1024:.1f}"
+
+    per_task = (max(loaded["VmHWM"], second["VmHWM"]) - idle["VmRSS"]) / tasks
+    return "\n".join(
+        [
+            where,
+            f"{tasks} tasks in one executor process (TASKLOOM_EXECUTOR_CONCURRENCY={tasks}), every model call "
+            f"answered after {delay:g} s; all {waiting} first calls in flight {t_first:.1f} s after the enqueue",
+            "",
+            "| process | VmRSS MB | VmHWM (peak) MB | threads |",
+            "| --- | ---: | ---: | ---: |",
+            f"| raw arq worker, idle (peer) | {mb(arq_idle['VmRSS'])} | {mb(arq_idle['VmHWM'])} | "
+            f"{arq_idle['Threads']} |",
+            f"| taskloom executor, idle (before any job) | {mb(idle['VmRSS'])} | {mb(idle['VmHWM'])} | "
+            f"{idle['Threads']} |",
+            f"| taskloom executor, {tasks} tasks waiting on their 1st model call | {mb(loaded['VmRSS'])} | "
+            f"{mb(loaded['VmHWM'])} | {loaded['Threads']} |",
+            f"| taskloom executor, {tasks} tasks waiting on their 2nd model call | {mb(second['VmRSS'])} | "
+            f"{mb(second['VmHWM'])} | {second['Threads']} |",
+            "",
+            f"peak / idle: {max(loaded['VmHWM'], second['VmHWM']) / idle['VmRSS']:.2f}x; "
+            f"(peak - idle) / tasks: {per_task:.0f} kB per concurrent task; "
+            f"idle taskloom executor / idle raw arq worker: {idle['VmRSS'] / arq_idle['VmRSS']:.2f}x",
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS)
+    parser.add_argument("--tasks", type=int, default=200)
+    parser.add_argument("--delay", type=float, default=5.0, help="seconds the fake model takes per call")
+    args = parser.parse_args()
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+    table = asyncio.run(run(args.redis_url, args.tasks, args.delay))
+    print(f"{started:%Y-%m-%d %H:%M} UTC, {time.perf_counter() - t0:.1f} s\n{table}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Throughput: goals, tasks and jobs per second end to end with a model answering at once, with 1
+and 2 executor processes, beside raw arq no-op jobs per second with as many worker processes.
+
+    python -m bench.throughput [--redis-url redis://127.0.0.1:6379/0] [--goals 100] [--width 4] [--executors 1,2]
+
+taskloom: one planner, one critic and 1 (then 2) executor processes (`taskloom worker <role>`,
+default concurrency 10, poll delay `--poll-delay`); `--goals` goals are submitted at once, each a
+plan of `--width` independent tasks, each task a 2-step tool loop (tool call, answer), against the
+fake Messages API answering at once (in this process). Timed from the first submit to the last goal
+succeeded. One goal is 1 + 3 x width + 1 arq jobs (plan; execute, review, advance per task;
+review_goal) and 1 + 3 x width + 2 model calls.
+
+The peer, in the same run: raw arq worker processes (same concurrency and poll delay) with a no-op
+function; `--arq-jobs` jobs enqueued at once, timed until the queue is empty. Also reported: the
+worker processes' CPU time per job (from /proc) and Redis commands per job (`INFO commandstats`).
+Keys live under a unique prefix and are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from bench._harness import (
+    DEFAULT_REDIS,
+    Bench,
+    Responder,
+    bench_redis,
+    command_counts,
+    goal_text,
+    machine,
+    spawn,
+    spawn_worker,
+    stop,
+    wait_for_keys,
+    worker_env,
+)
+from bus.client import Client
+from llm.testing import FakeAnthropicServer
+
+STEPS = 1
+
+
+@dataclass(frozen=True)
+class Result:
+    processes: int
+    seconds: float
+    goals: int
+    tasks: int
+    jobs: int
+    cpu: float  # worker processes' CPU seconds
+    commands: int
+    own_cpu: float = 0.0  # this process's CPU seconds (the fake Messages API and the client)
+
+
+def cpu_seconds(procs: Sequence[subprocess.Popen[bytes]]) -> float:
+    """User + system CPU time of the processes so far (/proc/<pid>/stat)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in procs:
+        with open(f"/proc/{p.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / ticks
+
+
+async def taskloom(bench: Bench, executors: int, goals: int, width: int, poll_delay: float, round_: int) -> Result:
+    with FakeAnthropicServer() as fake:
+        fake.respond_with(Responder(delay=0.0))
+        env = worker_env(bench, poll_delay=poll_delay, base_url=fake.base_url)
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for role in ["planner", "critic"] + ["executor"] * executors:
+                procs.append(spawn_worker(role, env, bench.home / f"{round_}-{role}-{len(procs)}.log"))
+            await wait_for_keys(
+                bench.redis, [bench.keys.health_check(r) for r in ("planner", "executor", "critic")], procs
+            )
+            await asyncio.sleep(1.0)  # every executor up (they share one health-check key)
+            client = Client(bench.redis, bench.keys, default_budget_tokens=10_000_000)
+            cpu0, cmd0, own0 = cpu_seconds(procs), await command_counts(bench.redis), time.process_time()
+            t0 = time.perf_counter()
+            ids = await asyncio.gather(*(client.submit(goal_text(width, 1, STEPS)) for _ in range(goals)))
+            records = await asyncio.gather(*(client.wait(gid, timeout=300) for gid in ids))
+            seconds = time.perf_counter() - t0
+            cpu, cmds = cpu_seconds(procs) - cpu0, sum((await command_counts(bench.redis) - cmd0).values())
+            own = time.process_time() - own0
+        finally:
+            stop(procs)
+    bad = [r for r in records if r.state.value != "succeeded"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} goals did not succeed, e.g. {bad[0].state.value}: {bad[0].reason}")
+    return Result(executors, seconds, goals, goals * width, goals * (2 + 3 * width), cpu, cmds, own)
+
+
+async def raw_arq(bench: Bench, workers: int, jobs: int, poll_delay: float, round_: int) -> Result:
+    queue = f"{bench.prefix}arq-{round_}"
+    args = ["-m", "bench._harness", "noop", "--redis-url", bench.url, "--queue", queue, "--poll-delay", str(poll_delay)]
+    env = worker_env(bench, poll_delay=poll_delay, base_url="http://127.0.0.1:9")
+    procs = [spawn(args, env, bench.home / f"{round_}-arq-{i}.log") for i in range(workers)]
+    try:
+        await wait_for_keys(bench.redis, [f"{queue}:health-check"], procs)
+        await asyncio.sleep(1.0)
+        cpu0, cmd0 = cpu_seconds(procs), await command_counts(bench.redis)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(bench.redis.enqueue_job("noop", _queue_name=queue) for _ in range(jobs)))
+        while await bench.redis.zcard(queue):  # noqa: ASYNC110 - another process empties it
+            await asyncio.sleep(0.005)
+        seconds = time.perf_counter() - t0
+        cpu, cmds = cpu_seconds(procs) - cpu0, sum((await command_counts(bench.redis) - cmd0).values())
+    finally:
+        stop(procs)
+    return Result(workers, seconds, 0, 0, jobs, cpu, cmds)
+
+
+async def run(url: str, goals: int, width: int, executors: list[int], arq_jobs: int, poll_delay: float) -> str:
+    async with bench_redis(url, "throughput") as bench:
+        where = await machine(bench.redis, bench.where)
+        rows = []
+        for i, n in enumerate(executors):
+            ours = await taskloom(bench, n, goals, width, poll_delay, i)
+            peer = await raw_arq(bench, n, arq_jobs, poll_delay, i)
+            rows.append((ours, peer))
+    return report(where, goals, width, poll_delay, rows)
+
+
+def report(where: str, goals: int, width: int, poll_delay: float, rows: list[tuple[Result, Result]]) -> str:
+    lines = [
+        where,
+        f"{goals} goals submitted at once, each {width} parallel tasks of a 2-step tool loop "
+        f"({2 + 3 * width} jobs, {3 + 3 * width} model calls per goal); zero-latency fake Messages API; "
+        f"poll delay {poll_delay:g} s, concurrency 10 per worker",
+        "",
+        "| executor processes | goals/s | tasks/s | taskloom jobs/s | raw arq no-op jobs/s (same number of workers) "
+        "| jobs/s ratio | worker CPU ms per job: taskloom / raw arq | Redis commands per job: taskloom / raw arq "
+        "| fake API + client CPU ms per goal |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for ours, peer in rows:
+        jps, peer_jps = ours.jobs / ours.seconds, peer.jobs / peer.seconds
+        lines.append(
+            f"| {ours.processes} (+1 planner, +1 critic) | {ours.goals / ours.seconds:.1f} | "
+            f"{ours.tasks / ours.seconds:.1f} | "
+            f"{jps:.0f} | {peer_jps:.0f} | {jps / peer_jps:.3f} | "
+            f"{ours.cpu / ours.jobs * 1000:.1f} / {peer.cpu / peer.jobs * 1000:.2f} | "
+            f"{ours.commands / ours.jobs:.1f} / {peer.commands / peer.jobs:.1f} | "
+            f"{ours.own_cpu / ours.goals * 1000:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS)
+    parser.add_argument("--goals", type=int, default=100)
+    parser.add_argument("--width", type=int, default=4, help="parallel tasks per goal")
+    parser.add_argument("--executors", default="1,2", help="executor process counts to measure")
+    parser.add_argument("--arq-jobs", type=int, default=3000)
+    parser.add_argument("--poll-delay", type=float, default=0.05)
+    args = parser.parse_args()
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+    executors = [int(n) for n in args.executors.split(",")]
+    table = asyncio.run(run(args.redis_url, args.goals, args.width, executors, args.arq_jobs, args.poll_delay))
+    print(f"{started:%Y-%m-%d %H:%M} UTC, {time.perf_counter() - t0:.1f} s\n{table}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""The benchmarks import, and the smallest configuration of one of them runs (they are not timed here:
+CI does not assert on their numbers)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import bench.tokens
+from bench._harness import Responder, goal_text, plan_for, role_of
+from llm.testing import RecordedRequest, Reply
+from planner.prompts import PLAN_TOOL
+from planner.prompts import SYSTEM as PLANNER_SYSTEM
+
+
+@pytest.mark.parametrize("name", ["hops", "speedup", "throughput", "tokens", "memory", "ledger", "toolkit"])
+def test_bench_modules_import(name: str) -> None:
+    importlib.import_module(f"bench.{name}")
+
+
+def test_responder_plans_the_shape_the_goal_asks_for() -> None:
+    body = {
+        "system": PLANNER_SYSTEM,
+        "tool_choice": {"type": "tool", "name": PLAN_TOOL},
+        "messages": [{"role": "user", "content": goal_text(2, 3, 1)}],
+    }
+    req = RecordedRequest("POST", "/v1/messages", {}, body, "req_1", 0.0)
+    assert role_of(req) == "planner"
+    reply = Responder()(req)
+    assert isinstance(reply, Reply)
+    plan = reply.content[0]["input"]
+    assert plan == plan_for(2, 3, 1)
+    assert [t["depends_on"] for t in plan["tasks"]][:3] == [[], ["c0-t0"], ["c0-t1"]]
+
+
+async def test_tokens_smallest_configuration(redis_url: str) -> None:
+    table = await bench.tokens.run(redis_url, steps=2, observation=500, cache_min=0)
+    assert "| no limit, no compaction, no cache (peer) |" in table
+    assert table.count("\n| ") >= 6  # header, rule and one row per configuration
