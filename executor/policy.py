@@ -87,14 +87,20 @@ def check_repeat(state: LoopState, tool: str, digest: str, window: int) -> Repea
     return "stop" if "repeat" in state.notes else "warn"
 
 
-def condense(messages: Sequence[Message], keep_last: int, note_chars: int = 200) -> list[Message]:
-    """Shrink the observations of all but the last `keep_last` turns, keeping every block (and so
-    every tool_use/tool_result pair) in place: only long tool_result contents are cut to a stub.
-    The first message (the task's context) is never touched."""
+def condense(messages: Sequence[Message], keep_last: int, note_chars: int = 200, block: int = 10) -> list[Message]:
+    """Shrink the observations of older turns, keeping every block (and so every tool_use/tool_result
+    pair) in place: only long tool_result contents are cut to a stub. The first message (the task's
+    context) and at least the last `keep_last` turns are never touched.
+
+    The condensed region grows in steps of `block` messages, not one turn at a time: between two
+    steps the condensed prefix is byte-for-byte the same on every call, so the provider's prompt
+    cache keeps serving it (a boundary that moved every call would rewrite the cache each time).
+    """
+    movable = len(messages) - 1 - 2 * keep_last
+    boundary = 1 + (movable // block) * block if movable > 0 else 1
     out: list[Message] = []
-    cutoff = len(messages) - 2 * keep_last
     for i, msg in enumerate(messages):
-        if i == 0 or i >= cutoff or msg.role != "user":
+        if i == 0 or i >= boundary or msg.role != "user":
             out.append(msg)
             continue
         blocks: list[ContentBlock] = []

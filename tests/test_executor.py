@@ -328,13 +328,13 @@ async def test_long_histories_are_condensed_before_the_call(
     """Past the token threshold, older observations are cut to stubs; the newest stay whole."""
     env = await start_task(redis, keys, settings, model, ["big"], tool_output_limit=9000)
     env.rt = replace(env.rt, limits=replace(env.rt.limits, compact_after_tokens=3000))
-    fake.enqueue(*(tool_reply([("big", {"n": i})]) for i in range(4)), text_reply("done"))
+    fake.enqueue(*(tool_reply([("big", {"n": i})]) for i in range(8)), text_reply("done"))
     assert (await run(env)).answer == "done"
-    last = fake.message_requests[4].messages
+    last = fake.message_requests[8].messages
     contents = [
         b["content"] for m in last if m["role"] == "user" for b in m["content"] if b.get("type") == "tool_result"
     ]
-    assert len(contents) == 4 and "condensed" in contents[0] and len(contents[-1]) > 9000
+    assert len(contents) == 8 and "condensed" in contents[0] and len(contents[-1]) > 9000
 
 
 async def test_the_goal_deadline_stops_an_attempt_between_steps(

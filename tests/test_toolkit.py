@@ -160,8 +160,23 @@ def test_condense_keeps_every_tool_pair_valid() -> None:
     for i in range(6):
         msgs.append(Message(role="assistant", content=[ToolUseBlock(id=f"c{i}", name="t", input={"i": i})]))
         msgs.append(Message(role="user", content=[ToolResultBlock(tool_use_id=f"c{i}", content="y" * 5000)]))
-    out = policy.condense(msgs, keep_last=2)
+    out = policy.condense(msgs, keep_last=2, block=2)
     check_tool_pairing(out)
     sizes = [len(m.content[0].content) for m in out[2::2]]  # type: ignore[union-attr]
     assert all(s < 400 for s in sizes[:4]) and sizes[4:] == [5000, 5000]
     assert out[0] == msgs[0]
+
+
+def test_condensed_prefix_stays_stable_between_blocks() -> None:
+    """With block=10, adding a turn does not change the condensed prefix until the next block boundary."""
+    msgs = [Message.user("task")]
+    prefixes = []
+    for i in range(12):
+        msgs.append(Message(role="assistant", content=[ToolUseBlock(id=f"c{i}", name="t", input={"i": i})]))
+        msgs.append(Message(role="user", content=[ToolResultBlock(tool_use_id=f"c{i}", content="y" * 5000)]))
+        out = policy.condense(msgs, keep_last=2, block=10)
+        condensed = sum(1 for m in out if "condensed" in str(m.content[0]))
+        prefixes.append(condensed)
+    # The number of condensed turns only jumps by whole blocks (5 turns), never one turn at a time.
+    assert prefixes == sorted(prefixes) and set(prefixes) <= {0, 5, 10}
+    assert prefixes[-1] == 10 and 5 in prefixes
