@@ -71,6 +71,11 @@ class Settings(BaseSettings):
     tool_output_limit: int = Field(default=4000, ge=100, description="characters of one observation the model sees")
     tool_timeout: float = Field(default=30, gt=0, description="default seconds per tool call")
     lease_ttl: float = Field(default=15, ge=1, le=600, description="a dead executor's task resumes after ~this")
+    compact_after_tokens: int = Field(
+        default=20_000, ge=1000, description="condense older observations once a prompt's estimate passes this"
+    )
+    dependency_result_limit: int = Field(default=2000, ge=100, description="characters of each dependency's result")
+    loop_window: int = Field(default=8, ge=1, le=100, description="repeated identical call within this many = loop")
 
     # Token-budget ledger (bus.ledger). A reservation lives as long as a job may run, so that a live
     # call is never forfeited; a dead worker's reservation is counted as spent after this long.

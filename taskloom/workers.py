@@ -74,6 +74,9 @@ def limits_for(settings: Settings) -> Limits:
         tool_output_limit=settings.tool_output_limit,
         tool_timeout=settings.tool_timeout,
         lease_ttl=settings.lease_ttl,
+        compact_after_tokens=settings.compact_after_tokens,
+        dependency_result_limit=settings.dependency_result_limit,
+        loop_window=settings.loop_window,
     )
 
 

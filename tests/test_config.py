@@ -67,3 +67,15 @@ def test_every_key_carries_the_prefix() -> None:
     assert not all_keys(a) & all_keys(b)
     with pytest.raises(ValueError, match="unknown role"):
         a.queue("janitor")
+
+
+def test_every_limit_is_a_setting_with_the_same_default() -> None:
+    """Each field of bus.runtime.Limits can be set by a TASKLOOM_ variable, and defaults agree."""
+    import dataclasses
+
+    from bus.runtime import Limits
+    from taskloom.workers import limits_for
+
+    names = {f.name for f in dataclasses.fields(Limits)}
+    assert names <= set(load_settings().model_fields_set | type(load_settings()).model_fields.keys())
+    assert limits_for(load_settings()) == Limits()
