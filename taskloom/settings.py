@@ -68,6 +68,7 @@ class Settings(BaseSettings):
     max_task_retries: int = Field(default=2, ge=0, le=20)
     max_replans: int = Field(default=2, ge=0, le=20)
     max_plan_tasks: int = Field(default=20, ge=1, le=200)
+    max_plan_attempts: int = Field(default=3, ge=1, le=20, description="invalid plans sent back before the goal fails")
     tool_output_limit: int = Field(default=4000, ge=100, description="characters of one observation the model sees")
     tool_timeout: float = Field(default=30, gt=0, description="default seconds per tool call")
     lease_ttl: float = Field(default=15, ge=1, le=600, description="a dead executor's task resumes after ~this")

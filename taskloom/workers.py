@@ -71,6 +71,7 @@ def limits_for(settings: Settings) -> Limits:
         max_task_retries=settings.max_task_retries,
         max_replans=settings.max_replans,
         max_plan_tasks=settings.max_plan_tasks,
+        max_plan_attempts=settings.max_plan_attempts,
         tool_output_limit=settings.tool_output_limit,
         tool_timeout=settings.tool_timeout,
         lease_ttl=settings.lease_ttl,
