@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from .keys import Keys
 from .schemas import GoalId, TaskId
 
+WAKE_MAXLEN = 100  # wake-up streams only need their latest entries
+
 
 class JobPayload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -120,7 +122,12 @@ class Jobs:
             _job_id=self.job_id(job),
             _queue_name=self.keys.queue(job.role),
         )
-        return queued is not None
+        if queued is None:
+            return False
+        # Wake the role's idle workers now (taskloom.wake); if this write is lost, their fallback
+        # poll still finds the job, just later.
+        await self.redis.xadd(self.keys.wake(job.role), {"job": self.job_id(job)}, maxlen=WAKE_MAXLEN, approximate=True)
+        return True
 
 
 def parse_payload(function: str, raw: Any) -> JobPayload:

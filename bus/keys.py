@@ -32,6 +32,10 @@ class Keys:
     def health_check(self, role: str) -> str:
         return f"{self.queue(role)}:health-check"
 
+    def wake(self, role: str) -> str:
+        """Stream the role's idle workers block on: one entry per enqueued job wakes them."""
+        return f"{self.queue(role)}:wake"
+
     def workers(self, role: str) -> str:
         """Sorted set of the role's worker processes (`host:pid`) by heartbeat expiry."""
         return f"{self.queue(role)}:workers"

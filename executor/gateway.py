@@ -139,7 +139,9 @@ class ToolGateway:
         started = time.perf_counter() if started is None else started
         timeout = tool.timeout or self.default_timeout
         try:
-            value = await asyncio.wait_for(tool.invoke(args, ctx), timeout)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the job's own cancellation.
+            async with asyncio.timeout(timeout):
+                value = await tool.invoke(args, ctx)
         except TimeoutError:
             return error_outcome(
                 call, "timeout", f"tool {call.name} timed out after {timeout:g} s", time.perf_counter() - started

@@ -38,9 +38,11 @@ class Settings(BaseSettings):
     planner_queue: str = Field(default="planner", min_length=1)
     executor_queue: str = Field(default="executor", min_length=1)
     critic_queue: str = Field(default="critic", min_length=1)
-    # arq polls its queue; the expected wait per hop is about half this. 0.05 s costs ~20 Redis
-    # commands per second per idle worker, which is negligible, and keeps a hop near 25 ms.
-    poll_delay: float = Field(default=0.05, gt=0, le=10)
+    # Every enqueue wakes the role's idle workers at once (taskloom.wake); arq's queue poll is then
+    # only the fallback, so it can be slow. Without wake-ups a job waits half the poll delay on
+    # average, and each idle worker costs about 1/poll_delay Redis commands per second.
+    wake: bool = Field(default=True, description="wake idle workers on enqueue (else: poll only)")
+    poll_delay: float = Field(default=0.5, gt=0, le=60)
 
     planner_concurrency: int = Field(default=10, ge=1, le=1000)
     executor_concurrency: int = Field(default=10, ge=1, le=1000)

@@ -47,6 +47,7 @@ from llm.port import ModelPort
 
 from . import health, metrics
 from .settings import Settings
+from .wake import WakeableWorker
 
 log = structlog.get_logger("taskloom.worker")
 
@@ -194,12 +195,13 @@ def build_workers(
     stopping: Callable[[], bool] | None = None,
 ) -> tuple[Runtime, list[Worker]]:
     runtime = build_runtime(settings, redis, model, registry)
-    workers = [
-        Worker(
+    workers: list[Worker] = [
+        WakeableWorker(
             **worker_settings(role, settings, registry, stopping),
             redis_pool=redis,
             burst=burst,
             ctx={"runtime": runtime, "role": role, "settings": settings},
+            wake_key=runtime.keys.wake(role) if settings.wake else None,
         )
         for role in roles
     ]

@@ -9,9 +9,9 @@ from taskloom.settings import Settings, SettingsError, load_settings
 
 
 def test_defaults_load_with_an_empty_environment() -> None:
-    """No variables set: embedded Redis, the demo model, a low poll delay."""
+    """No variables set: embedded Redis, the demo model, wake-ups on (the poll is only a fallback)."""
     s = load_settings()
-    assert s.embedded and s.redis_url is None and s.model == "demo" and s.poll_delay <= 0.1
+    assert s.embedded and s.redis_url is None and s.model == "demo" and s.wake and s.poll_delay <= 1
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -99,3 +100,37 @@ async def test_worker_process_runs_jobs_and_stops_cleanly_on_sigterm(
     assert "worker.started" in events and "worker.stopped" in events
     assert any(x.get("goal_id") == gid and x["event"] == "plan.claimed" for x in lines)
     assert not await redis.exists(keys.health_check("executor"))
+
+
+async def _claim_latency(redis: ArqRedis, keys: Keys, settings: Settings) -> float:
+    """Seconds from submitting a goal to the planner claiming it, with an idle planner already polling."""
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_workers(["planner"], settings, stop=stop))
+    try:
+        await asyncio.sleep(0.5)  # the worker has made its first poll and is idle now
+        client = Client(redis, keys, default_budget_tokens=100_000)
+        started = time.monotonic()
+        gid = await client.submit("hello")
+
+        async def claimed() -> bool:
+            return (await client.get(gid)).state is not GoalState.SUBMITTED
+
+        await eventually(claimed, timeout=8, every=0.01)
+        return time.monotonic() - started
+    finally:
+        stop.set()
+        await worker
+
+
+async def test_an_enqueue_wakes_an_idle_worker_long_before_its_poll(
+    redis: ArqRedis, keys: Keys, settings: Settings
+) -> None:
+    """With a 5 s fallback poll, a new job still starts at once: the enqueue wakes the worker."""
+    woken = await _claim_latency(redis, keys, settings.model_copy(update={"poll_delay": 5.0, "wake": True}))
+    assert woken < 1.0
+
+
+async def test_without_wake_ups_the_poll_delay_is_the_wait(redis: ArqRedis, keys: Keys, settings: Settings) -> None:
+    """The control: wake-ups off, the same job waits for the 3 s poll (so the test above measures the wake-up)."""
+    polled = await _claim_latency(redis, keys, settings.model_copy(update={"poll_delay": 3.0, "wake": False}))
+    assert polled > 1.0
