@@ -150,6 +150,9 @@ class TaskRecord(_Model):
     task_id: TaskId
     state: TaskState = TaskState.PENDING
     attempt: int = Field(default=0, ge=0, description="0 until first dispatched, then 1, 2, ...")
+    # Attempt numbers keep counting across plan versions (they are part of job ids); retries are
+    # counted from the first attempt of the current plan version.
+    first_attempt: int = Field(default=1, ge=1, description="first attempt under the current plan version")
     plan_version: int = Field(default=1, ge=1)
     reason: str | None = None
     feedback: str | None = Field(default=None, description="the critic's feedback for the next attempt")

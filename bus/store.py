@@ -428,6 +428,7 @@ class Store:
                 "task_id": task_id,
                 "state": h["state"],
                 "attempt": int(h.get("attempt", 0)),
+                "first_attempt": int(h.get("first_attempt", 1)),
                 "plan_version": int(h.get("plan_version", 1)),
                 "reason": h.get("reason"),
                 "feedback": h.get("feedback"),
@@ -447,6 +448,7 @@ class Store:
         feedback: str | None = None,
         plan_version: int | None = None,
         expected_state: TaskState | None = None,
+        first_attempt: int | None = None,
         data: dict[str, Any] | None = None,
     ) -> bool:
         """Move a task to `target`. True if it moved, False if it was already there.
@@ -462,6 +464,8 @@ class Store:
         patch: dict[str, str | int] = {"updated_at": utcnow().isoformat()}
         if plan_version is not None:
             patch["plan_version"] = plan_version
+        if first_attempt is not None:
+            patch["first_attempt"] = first_attempt
         if attempt is not None:
             patch["attempt"] = attempt
         if reason is not None:

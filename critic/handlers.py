@@ -52,7 +52,8 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
     if judged is None:
         return  # the budget ran out; the goal was stopped
     verdict, deterministic = judged
-    action = decide(verdict, task.attempt, rt.limits)
+    # Attempts of earlier plan versions do not use up this version's retries.
+    action = decide(verdict, task.attempt - task.first_attempt + 1, rt.limits)
     if await _apply(rt, goal, task, verdict, action):
         await _emit(rt, goal.id, task.task_id, verdict, action, attempt=task.attempt, deterministic=deterministic)
 

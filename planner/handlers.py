@@ -214,7 +214,10 @@ async def _dispatch(rt: Runtime, rec: TaskRecord) -> None:
     """
     attempt = rec.attempt + 1
     try:
-        claimed = await rt.store.transition_task(rec.goal_id, rec.task_id, TaskState.READY, attempt=attempt)
+        # pending -> ready starts the task under its current plan version: retries count from here.
+        claimed = await rt.store.transition_task(
+            rec.goal_id, rec.task_id, TaskState.READY, attempt=attempt, first_attempt=attempt
+        )
     except IllegalTransition as exc:
         log.info("task.dispatch_skipped", task_id=rec.task_id, state=exc.current)  # moved on meanwhile
         return

@@ -73,9 +73,10 @@ async def in_review(
     attempt: int = 1,
     stop: TaskStopReason = "answered",
     tool_calls: int = 1,
+    first_attempt: int | None = None,
 ) -> None:
     """Walk a task to `reviewing` at `attempt` with its result stored, as the executor leaves it."""
-    await rt.store.transition_task("g1", tid, TaskState.READY, attempt=attempt)
+    await rt.store.transition_task("g1", tid, TaskState.READY, attempt=attempt, first_attempt=first_attempt)
     await rt.store.transition_task("g1", tid, TaskState.RUNNING, expected_attempt=attempt)
     result = TaskResult(
         goal_id="g1", task_id=tid, attempt=attempt, answer=answer, stop_reason=stop, tool_calls=tool_calls
@@ -158,6 +159,18 @@ async def test_retries_exhausted_becomes_a_replan(redis: ArqRedis, keys: Keys, f
     assert await queued(rt, "planner") == ids(rt, ReplanJob(goal_id="g1", plan_version=1))
     [event] = await verdicts(rt)
     assert event.data["action"] == "replan"
+
+
+async def test_retries_are_counted_per_plan_version(redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer) -> None:
+    """A task a replan brought back (first attempt 3 of this version) still gets its retries on attempt 3."""
+    rt = runtime(redis, keys, sdk(fake), max_task_retries=2)
+    await running_goal(rt, task("t", dod="DOD-T: the exact number"))
+    await in_review(rt, "t", "ANSWER-3: about 40", attempt=3, first_attempt=3)
+    fake.enqueue(verdict(False, "retry", "still not exact"))
+    await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=3))
+    rec = await rt.store.get_task("g1", "t")
+    assert rec.state is TaskState.RETRYING and rec.attempt == 4 and rec.first_attempt == 3
+    assert (await rt.store.get_goal("g1")).state is GoalState.RUNNING
 
 
 async def test_stopped_attempt_is_judged_without_a_model(
