@@ -42,3 +42,23 @@ def live_redis_servers_under(home: Path) -> list[int]:
         if comm.startswith("redis-server") and stat.rsplit(")", 1)[-1].split()[0] != "Z" and cwd == str(home):
             pids.append(int(entry))
     return pids
+
+
+TESTS_DIR = Path(__file__).parent
+
+
+def fake_model_env(subprocess_env: dict[str, str], base_url: str, counter: Path, **extra: str) -> dict[str, str]:
+    """Environment for a `taskloom worker` process whose model is the fake Messages API at `base_url`
+    and whose tools are the test toolkit (`toolkits_for_tests:kit` unless `TASKLOOM_TOOLS` is given)."""
+    env = dict(
+        subprocess_env,
+        TASKLOOM_MODEL="claude-test",
+        ANTHROPIC_API_KEY="sk-ant-test",
+        ANTHROPIC_BASE_URL=base_url,
+        TASKLOOM_TOOLS="toolkits_for_tests:kit",
+        TASKLOOM_LEASE_TTL="3",
+        TL_COUNTER_FILE=str(counter),
+        PYTHONPATH=os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+    )
+    env.update(extra)
+    return env

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from arq.connections import ArqRedis
-from helpers import TASKLOOM, eventually, run_cli
+from helpers import TASKLOOM, eventually, fake_model_env, run_cli
 
 from bus.client import Client
 from bus.keys import Keys
@@ -176,18 +175,7 @@ class Worker:
 def worker_env(
     subprocess_env: dict[str, str], fake: FakeAnthropicServer, tmp_path: Path, **extra: str
 ) -> dict[str, str]:
-    return dict(
-        subprocess_env,
-        TASKLOOM_MODEL="claude-test",
-        ANTHROPIC_API_KEY="sk-ant-test",
-        ANTHROPIC_BASE_URL=fake.base_url,
-        TASKLOOM_TOOLS="toolkits_for_tests:kit",
-        TASKLOOM_POLL_DELAY="0.01",
-        TASKLOOM_LEASE_TTL="3",
-        TL_COUNTER_FILE=str(tmp_path / "counter.txt"),
-        PYTHONPATH=os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
-        **extra,
-    )
+    return fake_model_env(subprocess_env, fake.base_url, tmp_path / "counter.txt", TASKLOOM_POLL_DELAY="0.01", **extra)
 
 
 def _spawn(role: str, env: dict[str, str], log: Path) -> Worker:

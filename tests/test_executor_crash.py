@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -10,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from arq.connections import ArqRedis
-from helpers import TASKLOOM, eventually
+from helpers import TASKLOOM, eventually, fake_model_env
 
 from bus.client import Client
 from bus.jobs import ExecuteJob
@@ -48,16 +47,7 @@ async def test_killed_executor_is_resumed_by_another_at_the_next_step(
     counter = tmp_path / "counter.txt"
     with FakeAnthropicServer() as fake:
         fake.respond_with(_script)
-        env = dict(
-            subprocess_env,
-            TASKLOOM_MODEL="claude-test",
-            ANTHROPIC_API_KEY="sk-ant-test",
-            ANTHROPIC_BASE_URL=fake.base_url,
-            TASKLOOM_TOOLS="toolkits_for_tests:kit",
-            TASKLOOM_LEASE_TTL="3",
-            TL_COUNTER_FILE=str(counter),
-            PYTHONPATH=os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
-        )
+        env = fake_model_env(subprocess_env, fake.base_url, counter)
         client = Client(redis, keys, default_budget_tokens=100_000)
         gid = await client.submit("count three times")
         spec = TaskSpec(

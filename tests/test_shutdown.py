@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from arq.connections import ArqRedis
-from helpers import TASKLOOM, eventually
+from helpers import TASKLOOM, eventually, fake_model_env
 
 from bus.client import Client
 from bus.jobs import ExecuteJob
@@ -103,18 +103,15 @@ async def test_sigterm_mid_step_finishes_the_step_and_hands_the_rest_to_another_
     counter = tmp_path / "tool.txt"
     with FakeAnthropicServer() as fake:
         fake.respond_with(_script)
-        env = dict(
+        env = fake_model_env(
             subprocess_env,
-            TASKLOOM_MODEL="claude-test",
-            ANTHROPIC_API_KEY="sk-ant-test",
-            ANTHROPIC_BASE_URL=fake.base_url,
+            fake.base_url,
+            counter,
             TASKLOOM_TOOLS="test_shutdown:kit",
             # Long enough that a resume which waited for the lease to expire would fail the timing check.
             TASKLOOM_LEASE_TTL="60",
             TASKLOOM_SHUTDOWN_GRACE="20",
-            TL_COUNTER_FILE=str(counter),
             TL_SLOW_SECONDS="1.5",
-            PYTHONPATH=os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
         )
         client = Client(redis, keys, default_budget_tokens=100_000)
         gid = await _ready_task(client)
