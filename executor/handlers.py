@@ -91,6 +91,12 @@ async def execute(
         except (IllegalTransition, StaleWrite) as exc:
             log.info("execute.skipped", reason=str(exc))
             return
+    elif task.state == TaskState.REVIEWING:
+        # An earlier run died between moving the task to review and enqueueing the review: send it
+        # again (the job id is deterministic, so a review already queued or done is not repeated).
+        await rt.jobs.enqueue(ReviewJob(goal_id=job.goal_id, task_id=job.task_id, attempt=job.attempt))
+        log.info("execute.skipped", reason="already in review; review job re-sent")
+        return
     elif task.state != TaskState.RUNNING:
         log.info("execute.skipped", reason=f"task is {task.state.value}")
         return
@@ -99,6 +105,12 @@ async def execute(
     holder = f"{HOLDER}:{uuid.uuid4().hex[:8]}"
     if not await store.acquire(holder, rt.limits.lease_ttl):
         log.info("execute.skipped", reason="another executor holds the attempt's lease")
+        return
+    stored = await rt.store.get_result(job.goal_id, job.task_id, job.attempt)
+    if stored is not None:
+        # An earlier run stored the result and died before handing it on: finish that, run nothing.
+        log.info("execute.finishing_stored_result", stop_reason=stored.stop_reason)
+        await _finish(rt, store, stored)
         return
     heartbeat = asyncio.create_task(_heartbeat(store, rt.limits.lease_ttl))
     started, outcome = time.perf_counter(), "failed"  # for metrics: how this run of the loop ended

@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix
 from arq.worker import Function, Worker, func
 from pydantic import ValidationError
 
@@ -111,6 +112,23 @@ def keys_for(settings: Settings) -> Keys:
     )
 
 
+async def _hold_job(ctx: dict[str, Any], ttl: float) -> None:
+    """Keep arq's "in progress" mark of a running job alive in short leases.
+
+    arq marks a started job in progress for the longest job timeout + 10 s (over 10 minutes here),
+    and only re-runs the job of a dead worker once that mark expires. Shortening the mark to `ttl`
+    and renewing it while the job runs means another worker re-runs a dead worker's job after at
+    most `ttl` seconds; every handler is safe to run twice. (arq is pinned to 0.28.*, whose mark
+    is `arq:in-progress:<job id>`; if it changes, jobs still run, just without this shortcut.)
+    """
+    key = in_progress_key_prefix + str(ctx.get("job_id"))
+    redis = ctx["redis"]
+    while True:
+        with contextlib.suppress(Exception):  # a missed renewal only risks an early duplicate run
+            await redis.pexpire(key, int(ttl * 1000))
+        await asyncio.sleep(ttl / 3)
+
+
 def _job_function(role: str, name: str, handler: Handler) -> Function:
     async def run(ctx: dict[str, Any], raw: Any) -> None:
         base = {"role": role, "job_id": ctx.get("job_id"), "job_try": ctx.get("job_try")}
@@ -126,6 +144,7 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
             log.info("job.start", function=name)
             observe(lambda o: o.job_started(role, name))
             outcome = "ok"
+            holder = asyncio.create_task(_hold_job(ctx, ctx["runtime"].limits.lease_ttl))
             try:
                 goal_id = getattr(payload, "goal_id", None)
                 if goal_id is not None and await ctx["runtime"].store.expire_if_late(goal_id):
@@ -140,6 +159,7 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
                 log.exception("job.failed", function=name, seconds=round(time.perf_counter() - started, 4))
                 raise
             finally:
+                holder.cancel()
                 seconds = time.perf_counter() - started
                 observe(lambda o: o.job_finished(role, name, outcome, seconds))
             log.info("job.end", function=name, seconds=round(seconds, 4))

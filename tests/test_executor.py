@@ -352,3 +352,28 @@ async def test_the_goal_deadline_stops_an_attempt_between_steps(
     result = await run(env)
     assert result.stop_reason == "deadline"
     assert asyncio.get_running_loop().time() - started < 10
+
+
+async def test_a_rerun_after_a_crash_past_the_result_hands_it_on_without_a_model_call(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """Died after storing the result (task still running), or after moving to review but before
+    enqueueing it: the re-run finishes the hand-over and calls no model."""
+    env = await start_task(redis, keys, settings, model, [])
+    await env.rt.store.transition_task(env.goal_id, "t1", TaskState.RUNNING, expected_attempt=1)
+    dead = AttemptStore(redis, keys, env.goal_id, "t1", 1)
+    assert await dead.acquire("dead-worker", ttl=0.05)
+    await dead.save_result(
+        TaskResult(goal_id=env.goal_id, task_id="t1", attempt=1, answer="42", stop_reason="answered")
+    )
+    await asyncio.sleep(0.1)  # its lease expires
+    review_id = env.rt.jobs.job_id(ReviewJob(goal_id=env.goal_id, task_id="t1", attempt=1))
+
+    await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1, resume=1), REGISTRY)
+    assert (await env.rt.store.get_task(env.goal_id, "t1")).state is TaskState.REVIEWING
+    assert [q.decode() for q in await redis.zrange(keys.queue("critic"), 0, -1)] == [review_id]
+
+    await redis.delete(keys.queue("critic"), f"arq:job:{review_id}")  # as if the enqueue had never happened
+    await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1, resume=2), REGISTRY)
+    assert [q.decode() for q in await redis.zrange(keys.queue("critic"), 0, -1)] == [review_id]
+    assert fake.message_requests == []
