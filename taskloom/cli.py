@@ -416,10 +416,13 @@ def dag(
     goal_id: str,
     fmt: Annotated[str, typer.Option("--format", help="mermaid | json")] = "mermaid",
     version: Annotated[int | None, typer.Option(help="plan version (default: the current one)")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Print a goal's plan as a Mermaid flowchart or as JSON, with each task's state."""
     from planner.dag import render_json, render_mermaid
 
+    if as_json:
+        fmt = "json"
     if fmt not in ("mermaid", "json"):
         _fail(EXIT_INVALID, f"--format: expected mermaid or json, got {fmt!r}")
 

@@ -1,4 +1,6 @@
-"""Wake-ups: an idle worker reacts to a new job at once instead of at its next queue poll.
+"""arq workers with wake-ups and short job leases.
+
+Wake-ups: an idle worker reacts to a new job at once instead of at its next queue poll.
 
 arq finds jobs by polling its queue (a sorted set) every `poll_delay`; the wait for the next poll
 is nearly the whole cost of a hop between two roles (bench/hops.py: ~26 ms at 0.05 s, and 20 Redis
@@ -28,7 +30,9 @@ BLOCK_MS = 1000  # one XREAD per second per idle worker while nothing happens
 
 
 class WakeableWorker(Worker):
-    def __init__(self, *args: Any, wake_key: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, wake_key: str | None = None, job_lease: float | None = None, **kwargs: Any
+    ) -> None:
         self.wake_key = wake_key
         self._woken = asyncio.Event()
         after = kwargs.pop("after_job_end", None)
@@ -40,6 +44,12 @@ class WakeableWorker(Worker):
                 await after(ctx)
 
         super().__init__(*args, after_job_end=job_ended, **kwargs)
+        if job_lease is not None:
+            # arq marks a job it starts "in progress" for the longest job timeout + 10 s, and only
+            # re-runs a dead worker's job once the mark expires. Marked for `job_lease` instead, and
+            # renewed while the job runs (taskloom.workers._hold_job), a job whose worker died
+            # between being picked up and starting is re-run within seconds, not minutes.
+            self.in_progress_timeout_s = job_lease
 
     async def main(self) -> None:
         if self.burst or self.wake_key is None:

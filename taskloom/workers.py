@@ -116,9 +116,10 @@ async def _hold_job(ctx: dict[str, Any], ttl: float) -> None:
     """Keep arq's "in progress" mark of a running job alive in short leases.
 
     arq marks a started job in progress for the longest job timeout + 10 s (over 10 minutes here),
-    and only re-runs the job of a dead worker once that mark expires. Shortening the mark to `ttl`
-    and renewing it while the job runs means another worker re-runs a dead worker's job after at
-    most `ttl` seconds; every handler is safe to run twice. (arq is pinned to 0.28.*, whose mark
+    and only re-runs the job of a dead worker once that mark expires. Our workers set the mark for
+    `ttl` when they pick a job up (`WakeableWorker`), and this renews it while the job runs, so
+    another worker re-runs a dead worker's job after at most `ttl` seconds; every handler is safe
+    to run twice. (arq is pinned to 0.28.*, whose mark
     is `arq:in-progress:<job id>`; if it changes, jobs still run, just without this shortcut.)
     """
     key = in_progress_key_prefix + str(ctx.get("job_id"))
@@ -222,6 +223,7 @@ def build_workers(
             burst=burst,
             ctx={"runtime": runtime, "role": role, "settings": settings},
             wake_key=runtime.keys.wake(role) if settings.wake else None,
+            job_lease=settings.lease_ttl,
         )
         for role in roles
     ]

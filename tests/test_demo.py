@@ -34,4 +34,5 @@ def test_demo_succeeds_offline_with_a_retry_and_leaves_no_server(
     dag = json.loads(run_cli("dag", gid, "--format", "json", env=env).stdout)
     assert len(dag["tasks"]) == 4 and all(t["state"] == "done" for t in dag["tasks"])
     assert run_cli("dag", gid, "--format", "svg", env=env).returncode == 2
+    assert json.loads(run_cli("dag", gid, "--json", env=env).stdout) == dag
     assert live_redis_servers_under(tmp_path / "home") == []
