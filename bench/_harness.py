@@ -39,7 +39,7 @@ from bus.connection import EmbeddedRedis, redis_settings
 from bus.keys import Keys
 from critic.prompts import ANSWER_SYSTEM, GOAL_REVIEW_SYSTEM, REVIEW_SYSTEM
 from executor.loop import SYSTEM as EXECUTOR_SYSTEM
-from llm.testing import RecordedRequest, Script, text_reply, tool_reply
+from llm.testing import RecordedRequest, Script, content_text, text_reply, tool_reply
 from planner.prompts import PLAN_TOOL
 from planner.prompts import SYSTEM as PLANNER_SYSTEM
 
@@ -193,22 +193,10 @@ def plan_for(width: int, chain: int, steps: int) -> dict[str, Any]:
     return {"tasks": tasks, "rationale": "bench"}
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content or []:
-        if block.get("type") == "text":
-            parts.append(block["text"])
-        elif block.get("type") == "tool_result":
-            parts.append(_text(block.get("content")))
-    return "\n".join(parts)
-
-
 def role_of(req: RecordedRequest) -> str:
     """planner | review | goal_review | answer | executor | baseline | unknown."""
     forced = (req.body.get("tool_choice") or {}).get("name")
-    system = _text(req.body.get("system"))
+    system = content_text(req.body.get("system"))
     if forced == PLAN_TOOL and system == PLANNER_SYSTEM:
         return "planner"
     if forced == "submit_verdict":
@@ -250,7 +238,7 @@ class Responder:
         role = role_of(req)
         with self._lock:
             self.calls[role] += 1
-        first = _text(req.messages[0]["content"]) if req.messages else ""
+        first = content_text(req.messages[0]["content"]) if req.messages else ""
         shape = SHAPE.search(first)
         width, chain, steps = (int(g) for g in shape.groups()) if shape else (1, 1, 1)
         d = self.delay
@@ -280,7 +268,7 @@ LEAN = re.compile(r"lean items=(\S+)")
 def baseline_reply(req: RecordedRequest, delay: float) -> Script:
     """The single ReAct agent of `bench.speedup`. Lean: one tool call per item, then one answer.
     Otherwise the latest user turn names the next task: a tool call, then a text once it is answered."""
-    lean = LEAN.search(_text(req.messages[0]["content"]))
+    lean = LEAN.search(content_text(req.messages[0]["content"]))
     if lean:
         items = lean.group(1).split(",")
         done = tool_results(req)
@@ -290,7 +278,7 @@ def baseline_reply(req: RecordedRequest, delay: float) -> Script:
     last = req.messages[-1]
     if isinstance(last["content"], list) and last["content"] and last["content"][0].get("type") == "tool_result":
         return text_reply("Reported the record.", delay=delay)
-    m = re.search(r"fetch (\S+)", _text(last["content"]))
+    m = re.search(r"fetch (\S+)", content_text(last["content"]))
     if m:
         return tool_reply([("fetch", {"item": m.group(1)})], delay=delay)
     return text_reply("All records were reported.", delay=delay)

@@ -67,19 +67,7 @@ async def react_same_tasks(model: AnthropicModel, width: int) -> tuple[float, in
     t0 = time.perf_counter()
     for i in range(width):
         messages.append(Message.user(f"Next task: fetch {task_id(i, 0)} and report it."))
-        while True:
-            response = await model.complete(
-                ModelRequest(system=BASELINE_SYSTEM, messages=messages, tools=[FETCH], max_tokens=1024)
-            )
-            calls += 1
-            messages.append(response.as_message())
-            if not response.tool_uses:
-                break
-            results = [
-                ToolResultBlock(tool_use_id=u.id, content=observation(str(u.input["item"]), 200))
-                for u in response.tool_uses
-            ]
-            messages.append(Message(role="user", content=list(results)))
+        calls += await _converse(model, messages)
     return time.perf_counter() - t0, calls
 
 
@@ -87,8 +75,14 @@ async def react_lean(model: AnthropicModel, width: int) -> tuple[float, int]:
     """One conversation calling one tool per turn, then answering once: (seconds, calls)."""
     items = ",".join(task_id(i, 0) for i in range(width))
     messages = [Message.user(f"Fetch and report every record. lean items={items}")]
-    calls = 0
     t0 = time.perf_counter()
+    calls = await _converse(model, messages)
+    return time.perf_counter() - t0, calls
+
+
+async def _converse(model: AnthropicModel, messages: list[Message]) -> int:
+    """Call the model, answer its tool calls, repeat until it answers; return the number of calls."""
+    calls = 0
     while True:
         response = await model.complete(
             ModelRequest(system=BASELINE_SYSTEM, messages=messages, tools=[FETCH], max_tokens=1024)
@@ -96,13 +90,12 @@ async def react_lean(model: AnthropicModel, width: int) -> tuple[float, int]:
         calls += 1
         messages.append(response.as_message())
         if not response.tool_uses:
-            break
+            return calls
         results = [
             ToolResultBlock(tool_use_id=u.id, content=observation(str(u.input["item"]), 200))
             for u in response.tool_uses
         ]
         messages.append(Message(role="user", content=list(results)))
-    return time.perf_counter() - t0, calls
 
 
 async def run(url: str, delay: float, widths: list[int], reps: int, concurrency: int, poll_delay: float) -> str:

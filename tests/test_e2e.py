@@ -22,7 +22,16 @@ from bus.keys import Keys
 from bus.schemas import GoalState, TaskState
 from critic.prompts import ANSWER_SYSTEM, GOAL_REVIEW_SYSTEM, REVIEW_SYSTEM
 from executor.loop import SYSTEM as EXECUTOR_SYSTEM
-from llm.testing import Failure, FakeAnthropicServer, RecordedRequest, Script, error_body, text_reply, tool_reply
+from llm.testing import (
+    Failure,
+    FakeAnthropicServer,
+    RecordedRequest,
+    Script,
+    content_text,
+    error_body,
+    text_reply,
+    tool_reply,
+)
 from planner.prompts import PLAN_TOOL
 from planner.prompts import SYSTEM as PLANNER_SYSTEM
 
@@ -31,25 +40,12 @@ TESTS_DIR = Path(__file__).parent
 # -- reading a recorded request -----------------------------------------------------------------
 
 
-def _text(content: Any) -> str:
-    """The text of a message's content (a string, or blocks: text and tool_result contents)."""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content or []:
-        if block.get("type") == "text":
-            parts.append(block["text"])
-        elif block.get("type") == "tool_result":
-            parts.append(_text(block.get("content")))
-    return "\n".join(parts)
-
-
 def _system(req: RecordedRequest) -> str:
-    return _text(req.body.get("system"))
+    return content_text(req.body.get("system"))
 
 
 def _first_user(req: RecordedRequest) -> str:
-    return _text(req.messages[0]["content"]) if req.messages else ""
+    return content_text(req.messages[0]["content"]) if req.messages else ""
 
 
 def _tool_results(req: RecordedRequest) -> list[dict[str, Any]]:
@@ -341,7 +337,7 @@ async def test_cyclic_plan_is_sent_back_with_the_cycle_named(
     assert len(first.messages) == 1
     [result] = _tool_results(second)
     assert result["is_error"] is True
-    assert "The dependencies form a cycle: a -> b -> a" in _text(result["content"])
+    assert "The dependencies form a cycle: a -> b -> a" in content_text(result["content"])
     assert [t.depends_on for t in (await client.store.get_plan(gid, 1)).plan.tasks] == [[], ["a"]]
 
 

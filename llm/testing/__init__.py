@@ -24,7 +24,7 @@ from llm.testing.script import (
     tool_reply,
 )
 from llm.testing.server import FakeAnthropicServer, RecordedRequest, sse_events
-from llm.testing.wire import reply_from_response, request_from_wire, responder_from_model
+from llm.testing.wire import content_text, reply_from_response, request_from_wire, responder_from_model
 
 __all__ = [
     "Failure",
@@ -36,6 +36,7 @@ __all__ = [
     "blocked_attempts",
     "clear_anthropic_env",
     "clear_blocked_attempts",
+    "content_text",
     "error_body",
     "install_network_guard",
     "malformed",

@@ -40,6 +40,22 @@ def _text(content: Any) -> str:
     return ""
 
 
+def content_text(content: Any) -> str:
+    """The readable text of wire-format content (a string, or blocks), one line per text block and
+    per tool_result: what a scripted responder matches its routing rules against."""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content or []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        elif block.get("type") == "tool_result":
+            parts.append(content_text(block.get("content")))
+    return "\n".join(parts)
+
+
 def _block(raw: Mapping[str, Any]) -> ContentBlock | None:
     kind = raw.get("type")
     if kind == "text":
