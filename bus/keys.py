@@ -1,7 +1,8 @@
 """Every Redis key, stream, queue name and job id taskloom uses, under one prefix.
 
-Nothing else in the code base builds a key by hand: two deployments sharing one Redis differ only
-in their prefix, so everything they write must come from here.
+Two deployments sharing one Redis differ only in their prefix, so everything they write must be
+named here. Where a key is derived from another inside a Lua script or a store method (a task's hash
+is `tasks(goal) + ":" + task_id`, its id set `tasks(goal) + ":ids"`), the method here says so.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class Keys:
         return f"{self.prefix}goal:{goal_id}"
 
     def tasks(self, goal_id: str) -> str:
-        """Hash: task id -> TaskRecord JSON (one hash, so a whole DAG's state is one read)."""
+        """Prefix of a goal's task records: one hash per task at `<this>:<task id>` (state, attempt,
+        plan version...), and the set of the goal's task ids at `<this>:ids` (so `ids` is a reserved
+        task id)."""
         return f"{self.prefix}goal:{goal_id}:tasks"
 
     def plan(self, goal_id: str, version: int) -> str:
