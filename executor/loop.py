@@ -16,7 +16,6 @@ from bus.ledger import BudgetExhausted
 from bus.observe import observe
 from bus.runtime import Limits
 from bus.schemas import GoalRecord, TaskResult, TaskSpec, TaskStopReason
-from llm.errors import ModelError
 from llm.estimate import estimate_input_tokens
 from llm.port import ModelPort
 from llm.types import Message, ModelRequest, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock, Usage
@@ -183,11 +182,9 @@ class Loop:
                 except BudgetExhausted as exc:
                     log.warning("task.budget_exhausted", detail=str(exc))
                     return self._result("budget_exhausted", state, usage)
-                except ModelError as exc:
-                    # The SDK already retried what is retryable; the critic decides what happens next
-                    # (a new attempt or a replan) instead of the task being stranded in `running`.
-                    log.warning("task.model_error", error=str(exc), status=exc.status, retryable=exc.retryable)
-                    return self._result("error", state, usage, f"model error: {exc}")
+                # A model error is not the attempt's failure: it escapes to the job layer, which
+                # re-runs this job later (the attempt continues at this very step) or, past the
+                # goal's provider patience or for a terminal error, fails the goal (bus.retry).
                 await self.store.save_turn(response)
             else:
                 response = pending.turn  # the reply we received before a crash: not asked again
