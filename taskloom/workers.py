@@ -33,7 +33,6 @@ from pydantic import ValidationError
 import critic.handlers as critic
 import executor.handlers as executor
 import planner.handlers as planner
-from bus.client import Client
 from bus.connection import connect
 from bus.jobs import JobPayload, parse_payload
 from bus.keys import ROLES, Keys
@@ -49,6 +48,7 @@ from executor.registry import ToolRegistry, load_registry
 from llm import make_model
 from llm.errors import ModelError
 from llm.port import ModelPort
+from planner.supervise import supervise
 
 from . import health, metrics
 from .settings import Settings
@@ -283,16 +283,16 @@ def build_workers(
     return runtime, workers
 
 
-async def _reconcile_forever(runtime: Runtime, settings: Settings) -> None:
-    client = Client(runtime.redis, runtime.keys, settings.default_budget_tokens, settings.events_maxlen)
+async def _supervise_forever(runtime: Runtime, settings: Settings) -> None:
+    """Every planner worker re-drives goals and tasks left without a live driver (planner.supervise)."""
     while True:
         try:
-            n = await client.reconcile(settings.reconcile_after)
+            n = await supervise(runtime, settings.reconcile_after)
             if n:
-                log.warning("reconcile.requeued", goals=n)
-        except Exception:
-            log.exception("reconcile.failed")
-        await asyncio.sleep(settings.reconcile_after / 2)
+                log.warning("supervisor.redriven", jobs=n)
+        except Exception as exc:
+            log.warning("supervisor.failed", error=repr(exc))  # Redis away: the next pass retries
+        await asyncio.sleep(max(0.5, min(settings.reconcile_after / 4, 5.0)))
 
 
 async def _recover_forever(runtime: Runtime) -> None:
@@ -346,7 +346,7 @@ async def run_workers(
             mains = [asyncio.create_task(w.main(), name=f"arq-{r}") for w, r in zip(workers, roles, strict=True)]
             side = []
             if not burst and "planner" in roles:
-                side.append(asyncio.create_task(_reconcile_forever(runtime, settings)))
+                side.append(asyncio.create_task(_supervise_forever(runtime, settings)))
             if not burst and "executor" in roles:
                 side.append(asyncio.create_task(_recover_forever(runtime)))
             if not burst:
