@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import structlog
 
+from bus.effects import SideEffects
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
 from bus.runtime import Runtime
@@ -69,7 +70,16 @@ async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback:
         record = await rt.store.get_task(job.goal_id, dep)
         result = await rt.store.get_result(job.goal_id, dep, record.attempt) if record.attempt else None
         deps.append((dep, result.answer if result else "(no result)"))
-    return TaskInput(goal=goal, spec=spec, attempt=job.attempt, feedback=feedback, dependency_results=tuple(deps))
+    effects = await SideEffects(rt.redis, rt.keys).history(job.goal_id, job.task_id)
+    earlier = [e for e in effects if e.attempt < job.attempt]
+    return TaskInput(
+        goal=goal,
+        spec=spec,
+        attempt=job.attempt,
+        feedback=feedback,
+        dependency_results=tuple(deps),
+        earlier_effects=tuple(earlier),
+    )
 
 
 async def execute(
@@ -138,6 +148,7 @@ async def execute(
             rt.limits,
             is_cancelled,
             stopping,
+            SideEffects(rt.redis, rt.keys),
         )
         log.info("execute.start", epoch=store.epoch, resumed_steps=len(await store.steps()))
         try:
