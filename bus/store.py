@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +28,7 @@ from .keys import Keys
 from .schemas import (
     GOAL_TERMINAL,
     GOAL_TRANSITIONS,
+    RESUME_RESETS,
     TASK_TERMINAL,
     TASK_TRANSITIONS,
     Event,
@@ -204,6 +206,53 @@ return {'ok', cur, tostring(n)}
 """
 
 
+# Resume a failed or budget_exhausted goal (the only ways out of those states; the state machine's
+# table keeps them final for every other writer). Accepted (`done`) tasks stay; every other task of
+# the goal that had not ended for good goes back to `pending`, to be dispatched as a new attempt.
+# KEYS: goal hash, task-id set, goal stream, global stream, active index, provider-trouble key,
+#       goal ledger, then arq result keys of the goal-level jobs to forget (their outcome is void).
+# ARGV: updated_at, event JSON (its state is patched in), maxlen, task-key prefix, goal id, now,
+#       new budget ('' = unchanged), task states reset to pending (comma-separated)
+# Returns {'ok', previous, target, resumes} | {'same', state} | {'illegal', state} | {'missing'}
+#       | {'budget', spent}
+_RESUME = """
+local cur = redis.call('HGET', KEYS[1], 'state')
+if not cur then return {'missing'} end
+if cur ~= 'failed' and cur ~= 'budget_exhausted' then
+  if cur == 'succeeded' or cur == 'cancelled' then return {'illegal', cur} end
+  return {'same', cur}
+end
+if ARGV[7] ~= '' then
+  local spent = tonumber(redis.call('HGET', KEYS[7], 'spent') or '0')
+  local reserved = tonumber(redis.call('HGET', KEYS[7], 'reserved') or '0')
+  if tonumber(ARGV[7]) <= spent + reserved then return {'budget', tostring(spent + reserved)} end
+  redis.call('HSET', KEYS[7], 'budget', ARGV[7])
+  redis.call('HSET', KEYS[1], 'budget_tokens', ARGV[7])
+end
+local target = 'running'
+if (redis.call('HGET', KEYS[1], 'plan_version') or '0') == '0' then target = 'planning' end
+local resumes = redis.call('HINCRBY', KEYS[1], 'resumes', 1)
+redis.call('HSET', KEYS[1], 'state', target, 'replans', '0', 'updated_at', ARGV[1])
+redis.call('HDEL', KEYS[1], 'reason')
+local reset = {}
+for s in string.gmatch(ARGV[8], '[^,]+') do reset[s] = true end
+for _, tid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  local tkey = ARGV[4] .. tid
+  local ts = redis.call('HGET', tkey, 'state')
+  if ts and reset[ts] then
+    redis.call('HSET', tkey, 'state', 'pending', 'reason', 'goal resumed', 'updated_at', ARGV[1])
+  end
+end
+redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
+redis.call('DEL', KEYS[6])
+for i = 8, #KEYS do redis.call('DEL', KEYS[i]) end
+local event = string.gsub(ARGV[2], '__TARGET__', target)
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', event)
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', tonumber(ARGV[3]) * 10, '*', 'e', event)
+return {'ok', cur, target, tostring(resumes)}
+"""
+
+
 # The supervisor claims a goal whose last progress is older than its bound, so that one planner
 # worker (of many) examines it per bound. KEYS: active index. ARGV: goal id, cutoff, now.
 _CLAIM_STALE = """
@@ -236,6 +285,7 @@ class Store:
         self._save_plan = redis.register_script(_SAVE_PLAN)
         self._cancel = redis.register_script(_CANCEL)
         self._claim_stale = redis.register_script(_CLAIM_STALE)
+        self._resume = redis.register_script(_RESUME)
 
     def _task_key(self, goal_id: str, task_id: str) -> str:
         return f"{self.keys.tasks(goal_id)}:{task_id}"
@@ -283,6 +333,8 @@ class Store:
                 "state": h["state"],
                 "plan_version": int(h.get("plan_version", 0)),
                 "replans": int(h.get("replans", 0)),
+                "resumes": int(h.get("resumes", 0)),
+                "budget_tokens": int(h.get("budget_tokens") or core["budget_tokens"]),
                 "answer": h.get("answer"),
                 "reason": h.get("reason"),
                 "updated_at": h.get("updated_at") or core["created_at"],
@@ -349,6 +401,48 @@ class Store:
             self.keys.submitted_index(), "-inf", cutoff.timestamp(), start=0, num=limit
         )
         return [_s(i) for i in ids]
+
+    async def resume_goal(
+        self, goal_id: str, budget_tokens: int | None = None, forget: Sequence[str] = ()
+    ) -> GoalState | None:
+        """Restart a `failed` or `budget_exhausted` goal: `planning` when it never got a plan, else
+        `running`, with its accepted tasks kept and the others back to `pending`. Returns the new
+        state, or None when the goal is already moving again (idempotent). Raises `IllegalTransition`
+        for a succeeded or cancelled goal, and `ValueError` when `budget_tokens` does not exceed what
+        the goal has spent (and holds reserved). `forget`: result keys of goal-level jobs to void.
+        """
+        event = Event(type="goal.state", goal_id=goal_id, data={"state": "__TARGET__", "resumed": True})
+        out = await self._resume(
+            keys=[
+                self.keys.goal(goal_id),
+                self._task_ids_key(goal_id),
+                *self._streams(goal_id),
+                self.keys.active_index(),
+                self.keys.provider_trouble(goal_id),
+                self.keys.ledger(goal_id),
+                *forget,
+            ],
+            args=[
+                utcnow().isoformat(),
+                ev.encode(event),
+                self.maxlen,
+                f"{self.keys.tasks(goal_id)}:",
+                goal_id,
+                f"{time.time():.3f}",
+                "" if budget_tokens is None else str(budget_tokens),
+                _csv(s.value for s in RESUME_RESETS),
+            ],
+        )
+        tag = _s(out[0])
+        if tag == "missing":
+            raise NotFound("goal", goal_id)
+        if tag == "illegal":
+            raise IllegalTransition(f"goal {goal_id}", _s(out[1]), "resumed")
+        if tag == "budget":
+            raise ValueError(f"budget_tokens must exceed what the goal has spent and reserved ({_s(out[1])})")
+        if tag == "same":
+            return None
+        return GoalState(_s(out[2]))
 
     async def stale_goals(self, idle_for: float, limit: int = 200) -> list[str]:
         """Non-terminal goals that made no progress for `idle_for` seconds, each claimed (for another
