@@ -323,6 +323,11 @@ async def test_goals_survive_kills_a_redis_restart_provider_faults_and_an_outage
             assert billed <= BUDGET, f"seed {seed}: goal {g} billed {billed}"
             assert (await Ledger(pool, keys).snapshot(g)).spent <= BUDGET
         assert not fleet.exited_on_their_own(), fleet.exited_on_their_own()
+        # The cross-attempt rule was exercised: rejected payments asked to charge again and got the record.
+        replays = sum("already done in attempt" in json.dumps(r.body.get("messages")) for r in fake.message_requests)
+        assert replays > 0
+        # Workers lived through the Redis restart (they logged the lost connection and carried on).
+        assert any("poll_failed" in p.read_text() or "listen_failed" in p.read_text() for p in logs.glob("*.log"))
         assert faults.outage_hits > 0 and sum(faults.injected.values()) > 0
         assert in_flight and in_flight[0] >= 10, f"only {in_flight} goals were running when the outage began"
         print(
