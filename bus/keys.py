@@ -82,6 +82,10 @@ class Keys:
         """When the goal's current provider trouble began (ms); deleted by its next successful call."""
         return f"{self.prefix}goal:{goal_id}:provider-trouble"
 
+    def job_errors(self, job_id: str) -> str:
+        """Counter of a job's unexpected errors (bus.retry bounds them; provider trouble is separate)."""
+        return f"{job_id}:errors"
+
     def side_effects(self, goal_id: str, task_id: str) -> str:
         """Hash: `tool:args digest` -> the side-effecting call's record, across the task's attempts."""
         return f"{self.prefix}goal:{goal_id}:effects:{task_id}"

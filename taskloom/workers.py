@@ -194,6 +194,11 @@ async def _after_failure(rt: Runtime, role: str, name: str, payload: JobPayload,
         detail = describe(exc)
     else:
         cause = "redis" if is_redis_trouble(exc) else "internal"
+        if cause == "internal":
+            # Counted apart from arq's try number, which also counts provider retries and crash re-runs.
+            key = rt.keys.job_errors(rt.jobs.job_id(payload))
+            tries = int(await rt.redis.incr(key))
+            await rt.redis.expire(key, 24 * 3600)
         decision = on_other_error(exc, tries, policy)
         detail = f"{type(exc).__name__}: {exc}"
     if isinstance(decision, GiveUp):
