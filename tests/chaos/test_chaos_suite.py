@@ -343,3 +343,56 @@ async def test_goals_survive_kills_a_redis_restart_provider_faults_and_an_outage
         server.kill()
         for log in sorted(logs.glob("*.log"))[-6:]:
             print(f"--- {log.name} ---\n{log.read_text()[-3000:]}")
+
+
+def _spawn_all(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("w") as out:
+        return subprocess.Popen([*TASKLOOM, "worker", "all"], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+async def test_a_worker_rides_out_a_redis_outage_without_spinning_and_carries_on(tmp_path: Path) -> None:
+    """Redis is SIGKILLed for 8 s under an idle `worker all`: the worker stays up, uses well under a
+    core meanwhile (it backs off instead of spinning), and runs a goal submitted after the restart."""
+    server = OwnRedis(tmp_path)
+    server.start()
+    keys = Keys(prefix="outage:")
+    scenario = Scenario(plans={0: [{"tasks": [spec("one")]}]})
+    with FakeAnthropicServer() as fake:
+        fake.respond_with(scenario)
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "TASKLOOM_"))}
+        base_env.update(TASKLOOM_REDIS_URL=server.url, TASKLOOM_KEY_PREFIX="outage:", PYTHONUNBUFFERED="1")
+        env = fake_model_env(base_env, fake.base_url, tmp_path / "tool-log.txt", TASKLOOM_HOME=str(tmp_path / "h"))
+        log = tmp_path / "worker.log"
+        proc = _spawn_all(env, log)
+        try:
+
+            async def started() -> bool:
+                return "Starting worker" in log.read_text()
+
+            await eventually(started, timeout=30, every=0.1)
+            server.kill()
+            before = _cpu_seconds(proc.pid)
+            await asyncio.sleep(8)
+            used = _cpu_seconds(proc.pid) - before
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert used < 4.0, f"{used:.1f} s of CPU in 8 s of outage"  # a spinning loop would take ~8
+            server.start()
+            pool = await create_pool(redis_settings(server.url))
+            try:
+                client = Client(pool, keys, default_budget_tokens=BUDGET)
+                gid = await client.submit("after the restart")
+                goal = await client.wait(gid, timeout=60)
+                assert goal.state is GoalState.SUCCEEDED, goal
+            finally:
+                await pool.aclose()
+            assert proc.poll() is None
+            assert "worker.poll_failed" in log.read_text()
+        finally:
+            proc.kill()
+            proc.wait(10)
+            server.kill()
