@@ -156,8 +156,8 @@ async def supervise(rt: Runtime, stale_after: float, limit: int = 200) -> int:
     for goal_id in await rt.store.stale_goals(stale_after, limit):
         try:
             n += len(await check_goal(rt, goal_id))
-        except (ValidationError, ValueError, KeyError) as exc:
-            # A corrupted record cannot be driven: the goal ends, visibly, instead of hanging.
+        except (ValidationError, ValueError, KeyError, NotFound) as exc:
+            # A corrupted (or missing) record cannot be driven: the goal ends, visibly, instead of hanging.
             reason = f"corrupted record: {type(exc).__name__}: {exc}"[:2000]
             log.error("supervisor.corrupted", goal_id=goal_id, error=reason)
             try:

@@ -3,7 +3,7 @@
 Real worker processes of every role (planner, 2 executors, critic), their own redis-server with AOF
 (`appendfsync always`) on a free port, and the fake Messages API. While the goals run:
 (a) a random worker is SIGKILLed every 1-3 s and restarted; (b) Redis is SIGKILLed once and
-restarted on the same port; (c) 20% of model requests fail with 429/529/500 and some time out
+restarted on the same port 3 s later; (c) 20% of model requests fail with 429/529/500 and some time out
 after the provider billed them; (d) every request fails for `TASKLOOM_CHAOS_OUTAGE` seconds
 (default 30); (e) a malformed job, a job of an unknown function and a goal with a corrupted record
 are dropped into Redis.
@@ -242,6 +242,11 @@ async def test_goals_survive_kills_a_redis_restart_provider_faults_and_an_outage
     try:
         for role in ROLES:
             fleet.spawn(role)
+
+        async def fleet_ready() -> bool:
+            return all("Starting worker" in p.read_text() for p in logs.glob("*.log"))
+
+        await eventually(fleet_ready, timeout=60, every=0.2)
         client = Client(pool, keys, default_budget_tokens=BUDGET)
         gids = [
             await client.submit({"text": f"chaos goal G{i:02d}: pay it", "budget_tokens": BUDGET}) for i in range(GOALS)
@@ -271,7 +276,7 @@ async def test_goals_survive_kills_a_redis_restart_provider_faults_and_an_outage
             await asyncio.sleep(1.5)
             paused.set()
             server.kill()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(3.0)  # longer than redis-py's own few retries: the workers must reconnect
             server.start()
             await asyncio.sleep(0.5)
             paused.clear()
