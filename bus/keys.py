@@ -73,6 +73,26 @@ class Keys:
         """Sorted set of goals not yet picked up by a planner, by submission time (reconciler)."""
         return f"{self.prefix}goals:submitted"
 
+    def active_index(self) -> str:
+        """Sorted set of every non-terminal goal by the time it last made progress (supervisor)."""
+        return f"{self.prefix}goals:active"
+
+    def drivers(self, goal_id: str) -> str:
+        """Hash: slot (`goal` or `task:<id>`) -> id of the last job enqueued for it (supervisor)."""
+        return f"{self.prefix}goal:{goal_id}:drivers"
+
+    def provider_trouble(self, goal_id: str) -> str:
+        """When the goal's current provider trouble began (ms); deleted by its next successful call."""
+        return f"{self.prefix}goal:{goal_id}:provider-trouble"
+
+    def job_errors(self, job_id: str) -> str:
+        """Counter of a job's unexpected errors (bus.retry bounds them; provider trouble is separate)."""
+        return f"{job_id}:errors"
+
+    def side_effects(self, goal_id: str, task_id: str) -> str:
+        """Hash: `tool:args digest` -> the side-effecting call's record, across the task's attempts."""
+        return f"{self.prefix}goal:{goal_id}:effects:{task_id}"
+
     def global_events(self) -> str:
         return f"{self.prefix}events"
 

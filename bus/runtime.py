@@ -18,6 +18,7 @@ from .events import EventLog
 from .jobs import Jobs
 from .keys import Keys
 from .ledger import BudgetExhausted, Ledger
+from .retry import RetryPolicy
 from .schemas import GoalState
 from .store import IllegalTransition, Store
 
@@ -61,6 +62,7 @@ class Runtime:
     ledger: Ledger | None = None
     limits: Limits = field(default_factory=Limits)
     tool_catalog: tuple[ToolDef, ...] = ()  # every loaded tool, for the planner's prompt
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # the job layer's retries (bus.retry)
 
     @classmethod
     def build(cls, redis: ArqRedis, keys: Keys, events_maxlen: int = 10_000, **extra: Any) -> Runtime:

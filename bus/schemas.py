@@ -100,6 +100,7 @@ class GoalRecord(_Model):
     budget_tokens: int = Field(gt=0)
     plan_version: int = Field(default=0, ge=0)
     replans: int = Field(default=0, ge=0)
+    resumes: int = Field(default=0, ge=0, description="times `resume` restarted it after it failed")
     answer: str | None = None
     reason: str | None = Field(default=None, description="why it failed, was cancelled or ran out")
     created_at: datetime = Field(default_factory=utcnow)
@@ -265,6 +266,22 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     TaskState.CANCELLED: frozenset(),
     TaskState.SUPERSEDED: frozenset({TaskState.PENDING}),
 }
+
+
+# `resume` (Client.resume) is the one way out of `failed` and `budget_exhausted`, in its own script:
+# to `planning` (no plan yet) or `running`. It is not in GOAL_TRANSITIONS, so that no late job of the
+# ended run can move such a goal. Its tasks in these states go back to `pending`; `done` ones stay.
+GOAL_RESUMABLE = frozenset({GoalState.FAILED, GoalState.BUDGET_EXHAUSTED})
+RESUME_RESETS = frozenset(
+    {
+        TaskState.READY,
+        TaskState.RUNNING,
+        TaskState.WAITING_APPROVAL,
+        TaskState.REVIEWING,
+        TaskState.RETRYING,
+        TaskState.FAILED,
+    }
+)
 
 
 def goal_sources(target: GoalState) -> frozenset[GoalState]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import structlog
 
+from bus.effects import SideEffects
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
 from bus.runtime import Runtime
@@ -69,7 +70,16 @@ async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback:
         record = await rt.store.get_task(job.goal_id, dep)
         result = await rt.store.get_result(job.goal_id, dep, record.attempt) if record.attempt else None
         deps.append((dep, result.answer if result else "(no result)"))
-    return TaskInput(goal=goal, spec=spec, attempt=job.attempt, feedback=feedback, dependency_results=tuple(deps))
+    effects = await SideEffects(rt.redis, rt.keys).history(job.goal_id, job.task_id)
+    earlier = [e for e in effects if e.attempt < job.attempt]
+    return TaskInput(
+        goal=goal,
+        spec=spec,
+        attempt=job.attempt,
+        feedback=feedback,
+        dependency_results=tuple(deps),
+        earlier_effects=tuple(earlier),
+    )
 
 
 async def execute(
@@ -138,6 +148,7 @@ async def execute(
             rt.limits,
             is_cancelled,
             stopping,
+            SideEffects(rt.redis, rt.keys),
         )
         log.info("execute.start", epoch=store.epoch, resumed_steps=len(await store.steps()))
         try:
@@ -163,6 +174,14 @@ async def execute(
     except LeaseLost as exc:
         outcome = "lease_lost"
         log.warning("execute.lease_lost", detail=str(exc))
+    except Exception:
+        # A model error (or any other failure) escapes to the job layer, which re-runs this same job
+        # later or fails the goal (bus.retry). Free the lease now so the re-run resumes the attempt
+        # at its current step at once; the watchdogs leave it alone until the re-run is due.
+        outcome = "retry"
+        with contextlib.suppress(Exception):
+            await _give_up(store, heartbeat, rt.retry.cap + rt.limits.lease_ttl)
+        raise
     except asyncio.CancelledError:
         outcome = "interrupted"
         if stopping is not None and stopping():
@@ -182,12 +201,12 @@ async def execute(
         observe(lambda o: o.task_run(outcome, seconds))
 
 
-async def _give_up(store: AttemptStore, heartbeat: asyncio.Task[None]) -> bool:
+async def _give_up(store: AttemptStore, heartbeat: asyncio.Task[None], watchdog_after: float = 0.0) -> bool:
     """Release the attempt's lease, renewals stopped first (a late renewal would re-take it)."""
     heartbeat.cancel()
     with contextlib.suppress(asyncio.CancelledError, LeaseLost):
         await heartbeat
-    return await store.release()
+    return await store.release(watchdog_after)
 
 
 async def _hand_over(
@@ -208,7 +227,12 @@ async def _hand_over(
 async def _heartbeat(store: AttemptStore, ttl: float) -> None:
     while True:
         await asyncio.sleep(ttl / 3)
-        await store.renew(ttl)
+        try:
+            await store.renew(ttl)
+        except LeaseLost:
+            raise
+        except Exception as exc:  # Redis away for a moment: the next renewal may still be in time
+            log.warning("execute.lease_renew_failed", error=repr(exc))
 
 
 async def _finish(rt: Runtime, store: AttemptStore, result: TaskResult) -> None:
@@ -253,7 +277,8 @@ async def recover_expired(rt: Runtime, limit: int = 100) -> int:
         except NotFound:
             task = None
         member = f"{goal_id}|{task_id}|{attempt}"
-        if task is None or task.attempt != attempt or task.state != TaskState.RUNNING:
+        ended = task is not None and (await rt.store.get_goal(goal_id)).terminal
+        if task is None or ended or task.attempt != attempt or task.state != TaskState.RUNNING:
             await rt.redis.zrem(rt.keys.leases(), member)
             continue
         await rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=task_id, attempt=attempt, resume=now_ms()))

@@ -10,7 +10,8 @@
 The parameters' pydantic model is the tool's `input_schema`, and it validates what the model
 wrote before the function runs: a tool only ever receives validated, typed values. A parameter
 annotated `ToolContext` is not shown to the model; it receives the call's context, including an
-idempotency key (`goal:task:attempt:step:call`) a side-effecting tool can pass on downstream.
+idempotency key (`goal:task:tool:args digest`, the same in every attempt of the task for the same
+call) a side-effecting tool can pass on downstream.
 """
 
 from __future__ import annotations
@@ -45,9 +46,15 @@ class ToolContext:
     attempt: int
     step: int
     call_id: str
+    tool: str = ""
+    args_digest: str = ""
 
     @property
     def idempotency_key(self) -> str:
+        """Stable across the task's attempts for the same call (tool and arguments), so that a
+        downstream service dedupes it too; per call when the tool and arguments are not known."""
+        if self.tool:
+            return f"{self.goal_id}:{self.task_id}:{self.tool}:{self.args_digest}"
         return f"{self.goal_id}:{self.task_id}:{self.attempt}:{self.step}:{self.call_id}"
 
 
@@ -59,7 +66,8 @@ class Tool:
     params: type[BaseModel]
     context_param: str | None = None
     read_only: bool = False  # safe to run concurrently with other read-only calls
-    side_effects: bool = False  # never run twice for one call: an interrupted call is reported as unknown
+    side_effects: bool = False  # never run twice for one task: a repeat gets the recorded outcome
+    idempotent: bool = False  # a side_effects tool that is safe to repeat (the ledger lets it run again)
     requires_approval: bool = False  # a person approves each call (`taskloom approve`)
     timeout: float | None = None  # seconds; None = the gateway's default
 
@@ -107,6 +115,7 @@ def make_tool(
     side_effects: bool = False,
     requires_approval: bool = False,
     timeout: float | None = None,
+    idempotent: bool = False,
 ) -> Tool:
     tool_name = name or fn.__name__
     if not TOOL_NAME.match(tool_name):
@@ -127,6 +136,7 @@ def make_tool(
         side_effects=side_effects,
         requires_approval=requires_approval,
         timeout=timeout,
+        idempotent=idempotent,
     )
 
 
@@ -151,6 +161,7 @@ class Toolkit:
         side_effects: bool = False,
         requires_approval: bool = False,
         timeout: float | None = None,
+        idempotent: bool = False,
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -163,6 +174,7 @@ class Toolkit:
         side_effects: bool = False,
         requires_approval: bool = False,
         timeout: float | None = None,
+        idempotent: bool = False,
     ) -> F | Callable[[F], F]:
         """Decorator, usable bare (`@kit.tool`) or with options (`@kit.tool(read_only=True)`)."""
 
@@ -175,6 +187,7 @@ class Toolkit:
                 side_effects=side_effects,
                 requires_approval=requires_approval,
                 timeout=timeout,
+                idempotent=idempotent,
             )
             if t.name in self.tools:
                 raise ToolDefinitionError(f"toolkit {self.name!r} already has a tool named {t.name!r}")

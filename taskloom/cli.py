@@ -329,6 +329,25 @@ def cancel(
 
 
 @app.command()
+def resume(
+    goal_id: str,
+    budget: Annotated[int | None, typer.Option(min=1, help="new token budget (must exceed what was spent)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Restart a failed or budget_exhausted goal: accepted tasks are kept, the rest run again."""
+    try:
+        goal = _with_client(lambda c: c.resume(goal_id, budget))
+    except IllegalTransition as exc:
+        _fail(EXIT_NOT_SUCCEEDED, f"goal {goal_id} {exc.current}; only failed or budget_exhausted goals resume")
+    except ValueError as exc:
+        _fail(EXIT_INVALID, f"--budget: {exc}")
+    if as_json:
+        _print_json({"goal_id": goal_id, "state": goal.state.value, "resumes": goal.resumes})
+    else:
+        out.print(f"{goal_id} resumed: {goal.state.value}")
+
+
+@app.command()
 def ledger(goal_id: str, as_json: JsonOpt = False) -> None:
     """Show a goal's token budget: spent by kind, reserved, calls, cost and headroom."""
     from bus.ledger import Ledger, LedgerSnapshot  # only this command needs it

@@ -51,9 +51,14 @@ class Settings(BaseSettings):
     job_timeout: float = Field(default=600, gt=0)
     # A SIGTERM lets running jobs finish for this long before they are cancelled (and re-run elsewhere).
     shutdown_grace: float = Field(default=20, ge=0)
-    # Goals still `submitted` after this long have their planner job re-enqueued (crash between
-    # storing and enqueueing); the job id is deterministic, so this never duplicates work.
-    reconcile_after: float = Field(default=10, gt=0)
+    # The supervisor (in every planner worker) re-drives a goal or task that has had no live driver
+    # (queued job, running job, live lease, approval wait) for this long; see docs/internals.md.
+    reconcile_after: float = Field(default=20, gt=0, le=3600)
+    # How long a goal tolerates provider trouble (429/529/5xx, timeouts, refused connections),
+    # counted from the first failure of the current trouble; its jobs are re-run with backoff
+    # meanwhile. Past it (or at once for a terminal model error) the goal fails, naming the error.
+    provider_patience: float = Field(default=900, gt=0, description="seconds a goal waits out provider trouble")
+    provider_backoff_max: float = Field(default=30, gt=0, le=3600, description="longest wait between job retries")
 
     default_budget_tokens: int = Field(default=200_000, gt=0)
     model: str = Field(default="demo", min_length=1, description="Claude model id, or 'demo'")
