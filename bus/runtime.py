@@ -25,6 +25,12 @@ T = TypeVar("T")
 log = structlog.get_logger("taskloom.ledger")
 
 
+class ToolDefinitions(Protocol):
+    """The worker's current tool catalog (its MCP servers' lists can change while it runs)."""
+
+    async def definitions(self) -> list[ToolDef]: ...
+
+
 class ModelSource(Protocol):
     """Hands out the (metered) model a goal's calls must go through; the only way roles get a model."""
 
@@ -60,7 +66,8 @@ class Runtime:
     models: ModelSource | None = None
     ledger: Ledger | None = None
     limits: Limits = field(default_factory=Limits)
-    tool_catalog: tuple[ToolDef, ...] = ()  # every loaded tool, for the planner's prompt
+    tool_catalog: tuple[ToolDef, ...] = ()  # every loaded tool, for the planner's prompt (fixed)
+    tools: ToolDefinitions | None = None  # or the live catalog the executors use, when set
 
     @classmethod
     def build(cls, redis: ArqRedis, keys: Keys, events_maxlen: int = 10_000, **extra: Any) -> Runtime:
@@ -83,6 +90,10 @@ class Runtime:
             with contextlib.suppress(IllegalTransition):  # it ended another way meanwhile
                 await self.store.transition_goal(goal_id, GoalState.BUDGET_EXHAUSTED, reason=str(exc))
             return None
+
+    async def tool_definitions(self) -> list[ToolDef]:
+        """Every tool the planner may assign: the same catalog the executors run from."""
+        return await self.tools.definitions() if self.tools is not None else list(self.tool_catalog)
 
     def model_for(self, goal_id: str) -> ModelPort:
         if self.models is None:

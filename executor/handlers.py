@@ -24,7 +24,7 @@ from llm.types import ToolUseBlock
 
 from .gateway import ToolGateway, digest
 from .loop import Approvals, Handover, Loop, Paused, TaskInput
-from .registry import ToolRegistry
+from .sources.catalog import ToolCatalog
 from .steps import AttemptStore, LeaseLost, claim_expired, now_ms
 from .toolkit import ToolContext
 
@@ -73,10 +73,11 @@ async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback:
 
 
 async def execute(
-    rt: Runtime, job: ExecuteJob, registry: ToolRegistry, stopping: Callable[[], bool] | None = None
+    rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Callable[[], bool] | None = None
 ) -> None:
-    """Run or resume one task attempt. `stopping()` turns true when this worker shuts down: the loop
-    then hands the attempt over between two steps (see `_hand_over`)."""
+    """Run or resume one task attempt with the tools of `tools` (a `ToolRegistry`, or the worker's
+    live `Catalog`). `stopping()` turns true when this worker shuts down: the loop then hands the
+    attempt over between two steps (see `_hand_over`)."""
     goal = await rt.store.get_goal(job.goal_id)
     if goal.state in GOAL_TERMINAL:
         log.info("execute.skipped", reason=f"goal {goal.state.value}")
@@ -118,7 +119,7 @@ async def execute(
         task_input = await _task_input(rt, job, task.plan_version, task.feedback)
         allowed = ToolGateway.allowed_for(goal.goal.allowed_tools, task_input.spec.tools)
         gateway = ToolGateway(
-            registry,
+            await tools.snapshot(),
             allowed,
             rt.events,
             output_limit=rt.limits.tool_output_limit,

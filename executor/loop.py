@@ -8,9 +8,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
-from pydantic import BaseModel
 
 from bus.ledger import BudgetExhausted
 from bus.observe import observe
@@ -23,8 +23,8 @@ from llm.types import Message, ModelRequest, ModelResponse, TextBlock, ToolResul
 
 from . import policy
 from .gateway import ToolGateway, ToolOutcome, digest, error_outcome
+from .sources.base import CatalogTool, ToolContext
 from .steps import AttemptStore, Pending, StepRecord
-from .toolkit import Tool, ToolContext
 
 log = structlog.get_logger("taskloom.executor")
 
@@ -264,7 +264,7 @@ class Loop:
         after another. Returns the outcomes and whether a repeated call means the loop must stop."""
         done: dict[str, ToolOutcome] = dict(pending.results)
         loop_stop = False
-        to_run: list[tuple[ToolUseBlock, Tool, BaseModel]] = []
+        to_run: list[tuple[ToolUseBlock, CatalogTool, Any]] = []
         for call in calls:
             d = digest(call.input)
             repeat = policy.check_repeat(state, call.name, d, self.limits.loop_window)
@@ -307,7 +307,7 @@ class Loop:
                     continue
             to_run.append((call, tool, args))
 
-        async def run_one(call: ToolUseBlock, tool: Tool, args: BaseModel) -> None:
+        async def run_one(call: ToolUseBlock, tool: CatalogTool, args: Any) -> None:
             if tool.side_effects:
                 await self.store.mark_started(call.id)
             outcome = await self.gateway.invoke(call, tool, args, self._ctx(call, state))

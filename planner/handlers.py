@@ -94,13 +94,10 @@ async def _resume(rt: Runtime, goal: GoalRecord, job: str) -> None:
 # -- planning ---------------------------------------------------------------------------------
 
 
-def _validator(rt: Runtime, goal: GoalRecord) -> tuple[list[str], set[str] | None]:
-    allowed = set(goal.goal.allowed_tools) if goal.goal.allowed_tools is not None else None
-    return [t.name for t in rt.tool_catalog], allowed
-
-
 async def _ask(rt: Runtime, goal: GoalRecord, prompt: str, purpose: str) -> PlanOutcome | None:
-    known, allowed = _validator(rt, goal)
+    # Any tool of the catalog is accepted in a plan, also one the prompt did not list.
+    known = [t.name for t in await rt.tool_definitions()]
+    allowed = set(goal.goal.allowed_tools) if goal.goal.allowed_tools is not None else None
 
     def validate(p: Plan) -> list[str]:
         return validate_plan(p, known_tools=known, allowed_tools=allowed, max_tasks=rt.limits.max_plan_tasks)
@@ -123,7 +120,7 @@ async def _first_plan(rt: Runtime, goal: GoalRecord) -> StoredPlan | None:
     if goal.plan_version >= 1:
         # Stored by a run that stopped before the goal went to running: use it, do not ask again.
         return await rt.store.get_plan(goal.id, goal.plan_version)
-    tools = usable_tools(rt.tool_catalog, goal.goal.allowed_tools)
+    tools = usable_tools(await rt.tool_definitions(), goal.goal.allowed_tools)
     outcome = await _ask(rt, goal, plan_prompt(goal.goal, tools, rt.limits.max_plan_tasks), "plan")
     if outcome is None:
         return None
@@ -137,7 +134,7 @@ async def _new_plan(
     rt: Runtime, goal: GoalRecord, current: StoredPlan, records: dict[str, TaskRecord], reason: str
 ) -> StoredPlan | None:
     results = await _accepted_results(rt, goal.id, current.plan, records)
-    tools = usable_tools(rt.tool_catalog, goal.goal.allowed_tools)
+    tools = usable_tools(await rt.tool_definitions(), goal.goal.allowed_tools)
     prompt = replan_prompt(
         goal.goal,
         tools,

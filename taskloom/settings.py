@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     task_timeout: float = Field(default=300, gt=0, description="wall-clock limit of one task attempt, s")
     events_maxlen: int = Field(default=10_000, ge=100, description="approximate cap of each event stream")
     tools: str = Field(default="", description="comma-separated module:attribute toolkits")
+    # A JSON file of MCP servers whose tools join the catalog (`executor.sources.mcp`).
+    mcp_config: str = Field(default="", description="path of the MCP servers file ({\"mcpServers\": ...})")
 
     # Model calls (the anthropic SDK owns retries of 408/409/429/5xx, honouring retry-after).
     model_max_tokens: int = Field(default=1024, ge=16, le=64_000, description="max_tokens asked per model call")
