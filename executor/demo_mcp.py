@@ -6,10 +6,10 @@ tests and for trying `TASKLOOM_MCP_CONFIG` by hand:
 
 Besides the demo tools (three read-only ones and `issue_refund`, annotated destructive) it has
 `escalate_ticket`, which always fails (an `isError` result), `order_history`, which kills the server
-in the middle of the call once while the `--die-once` file exists, and `unlock_warranty_tools`, which
-adds a tool and sends `notifications/tools/list_changed`. `--log FILE` appends one JSON line per
-call phase (`start`, `done`) with the server's pid and the call's idempotency key, so a test can
-judge from the server's side what ran and how often.
+in the middle of the call while the `--die-once` file exists (and freezes it: `--hang-once`), and
+`unlock_warranty_tools`, which adds a tool and sends `notifications/tools/list_changed`.
+`--log FILE` appends one JSON line per call phase (`start`, `done`) with the server's pid and the
+call's idempotency key, so a test can judge from the server's side what ran and how often.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -35,8 +36,18 @@ READ_ONLY = mt.ToolAnnotations(read_only_hint=True, idempotent_hint=True)
 DESTRUCTIVE = mt.ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False)
 
 
-def build(log: Path | None = None, die_once: Path | None = None, refund_delay: float = 0.0) -> MCPServer:
-    server: MCPServer = MCPServer("support-desk", instructions="Orders, refunds and tickets of the demo store.")
+def build(
+    log: Path | None = None, die_once: Path | None = None, hang_once: Path | None = None, refund_delay: float = 0.0
+) -> MCPServer:
+    server: MCPServer = MCPServer(
+        "support-desk", instructions="Orders, refunds and tickets of the demo store.", log_level="WARNING"
+    )
+
+    def order(order_id: str) -> dict[str, Any]:
+        try:
+            return demo_tools.lookup_order(order_id)
+        except KeyError as exc:  # an anticipated failure: the model reads the message, no traceback
+            raise ToolError(str(exc.args[0])) from None
 
     def note(tool: str, phase: str, ctx: Context | None, **data: Any) -> None:
         if log is None:
@@ -54,7 +65,7 @@ def build(log: Path | None = None, die_once: Path | None = None, refund_delay: f
     def lookup_order(order_id: str, ctx: Context) -> dict[str, Any]:
         """Look up an order by its id (e.g. A100): delivery date, item, amount, and whether it was a final sale."""
         note("lookup_order", "start", ctx, order_id=order_id)
-        return demo_tools.lookup_order(order_id)
+        return order(order_id)
 
     @server.tool(annotations=READ_ONLY)
     def refund_policy() -> str:
@@ -64,17 +75,18 @@ def build(log: Path | None = None, die_once: Path | None = None, refund_delay: f
     @server.tool(annotations=READ_ONLY)
     def check_refund_eligibility(order_id: str, today: dt.date) -> dict[str, Any]:
         """Whether an order can still be refunded on `today` (YYYY-MM-DD), with the refund deadline."""
+        order(order_id)
         return demo_tools.check_refund_eligibility(order_id, today)
 
     @server.tool(annotations=DESTRUCTIVE)
     async def issue_refund(order_id: str, ctx: Context) -> str:
         """Issue a refund for an eligible order. Moves money: needs a person's approval."""
-        order = demo_tools.lookup_order(order_id)
-        note("issue_refund", "start", ctx, order_id=order["order_id"])
+        found = order(order_id)
+        note("issue_refund", "start", ctx, order_id=found["order_id"])
         if refund_delay:
             await asyncio.sleep(refund_delay)
-        note("issue_refund", "done", ctx, order_id=order["order_id"])
-        return f"refund of ${order['amount_usd']:.2f} issued for {order['order_id']}"
+        note("issue_refund", "done", ctx, order_id=found["order_id"])
+        return f"refund of ${found['amount_usd']:.2f} issued for {found['order_id']}"
 
     @server.tool(annotations=mt.ToolAnnotations(read_only_hint=False, destructive_hint=False))
     def escalate_ticket(order_id: str, reason: str) -> str:
@@ -89,8 +101,12 @@ def build(log: Path | None = None, die_once: Path | None = None, refund_delay: f
             die_once.unlink()
             note("order_history", "dying", ctx, order_id=order_id)
             os._exit(17)  # mid-call, no answer: what a crashing server looks like to the client
-        order = demo_tools.lookup_order(order_id)
-        return [f"placed: {order['item']}", f"delivered: {order['delivered']}"]
+        if hang_once is not None and hang_once.exists():
+            hang_once.unlink()
+            note("order_history", "hanging", ctx, order_id=order_id)
+            os.kill(os.getpid(), signal.SIGSTOP)  # the whole process freezes: it answers nothing, not even pings
+        found = order(order_id)
+        return [f"placed: {found['item']}", f"delivered: {found['delivered']}"]
 
     @server.tool(annotations=mt.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True))
     async def unlock_warranty_tools(ctx: Context) -> str:
@@ -131,9 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port-file", type=Path, help="write the HTTP port here once listening")
     parser.add_argument("--log", type=Path, help="append one JSON line per call phase")
     parser.add_argument("--die-once", type=Path, help="order_history kills the server while this file exists")
+    parser.add_argument("--hang-once", type=Path, help="order_history freezes the server while this file exists")
     parser.add_argument("--refund-delay", type=float, default=0.0, help="seconds issue_refund takes")
     args = parser.parse_args(argv)
-    server = build(args.log, args.die_once, args.refund_delay)
+    server = build(args.log, args.die_once, args.hang_once, args.refund_delay)
     if args.http:
         asyncio.run(serve_http(server, args.port_file, args.port))
     else:

@@ -4,7 +4,9 @@
 Sources cache their own lists (an MCP server's for a short TTL, refreshed on `list_changed`), so
 a snapshot per job is cheap. A source that cannot list its tools right now (a server that is down)
 keeps its last known tools: their calls then fail as ERROR observations, the worker lives on.
-A name collision is a start-up error; when it appears later (a server's list changed), the
+A server that is down at start-up is logged and retried on later snapshots (the worker
+starts without its tools); a configuration error or a name collision is a start-up error. When a
+collision appears later (a server's list changed), the
 previous snapshot stays in force and the collision is logged.
 """
 
@@ -62,6 +64,11 @@ class Catalog:
         for source in self.sources:
             try:
                 tools = await source.list_tools()
+            except ToolLoadError:
+                if strict:  # a configuration error (a missing secret, say) stops start-up
+                    raise
+                tools = self._known.get(source.label, [])
+                log.error("tools.source_misconfigured", source=source.label, kept=len(tools), exc_info=True)
             except Exception as exc:
                 tools = self._known.get(source.label, [])
                 log.warning("tools.list_failed", source=source.label, error=str(exc), kept=len(tools))

@@ -23,8 +23,8 @@ task that owns it (the SDK's task groups must be entered and left in one task). 
 the classic one (`initialize`, then `notifications/initialized`); tools/list follows every page.
 A server that dies or stops answering turns the call into an ERROR observation (for a tool with
 side effects: an unknown outcome, never retried), and the next use reconnects, with exponential
-backoff between failed attempts. A call that was cancelled (timed out) makes the next use ping the
-server first; no answer means a restart.
+backoff between failed attempts. After a call that was cancelled (timed out), the server is pinged in
+the background; no answer within `PING_TIMEOUT` means a restart.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +47,7 @@ from urllib.parse import urlsplit, urlunsplit
 import jsonschema
 import mcp_types as mt
 import structlog
-from mcp import Client, MCPError, StdioServerParameters
+from mcp import Client, MCPDeprecationWarning, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -62,6 +63,7 @@ log = structlog.get_logger("taskloom.mcp")
 SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 IDEMPOTENCY_META_KEY = "dev.taskloom/idempotency-key"  # in a tools/call request's `_meta`
+PING_TIMEOUT = 3.0  # seconds a server has to answer a ping after a cancelled call
 
 
 class McpConfigError(ToolLoadError, ValueError):
@@ -304,7 +306,7 @@ class McpSource:
         self._failures = 0
         self._retry_at = 0.0
         self._last_error = ""
-        self._suspect = False  # a call was cancelled midway: ping before trusting the connection
+        self._checks: set[asyncio.Task[None]] = set()  # health checks after cancelled calls
         self._tools: list[CatalogTool] | None = None
         self._listed_at = 0.0
         self._generation = 0  # bumped on each (re)connect, for logs and tests
@@ -365,19 +367,8 @@ class McpSource:
 
     async def _connect(self) -> Client:
         if self._client is not None and self._runner is not None and not self._runner.done():
-            if not self._suspect:
-                return self._client
+            return self._client
         async with self._lock:
-            if self._suspect and self._client is not None:
-                self._suspect = False
-                try:
-                    async with asyncio.timeout(5):
-                        await self._client.send_ping()
-                    return self._client
-                except Exception as exc:
-                    log.warning("mcp.unresponsive", server=self.name, error=_describe(exc))
-                    await self._disconnect()
-                    self._note_failure("did not answer a ping after a cancelled call")
             if self._client is not None and self._runner is not None and not self._runner.done():
                 return self._client
             wait = self._retry_at - self.clock()
@@ -505,7 +496,7 @@ class McpSource:
         try:
             result = await client.call_tool(name, args, meta=meta)
         except asyncio.CancelledError:
-            self._suspect = True  # timed out or cancelled: the server may hang; check before reuse
+            self._check_soon()  # timed out or cancelled: the server may hang
             raise
         except Exception as exc:
             if isinstance(exc, MCPError) and exc.code != mt.CONNECTION_CLOSED:
@@ -523,6 +514,32 @@ class McpSource:
         if result.is_error:
             raise ToolError(str(result_value(result)) or "the server reported an error without a message")
         return result_value(result)
+
+    def _check_soon(self) -> None:
+        if not self._checks:
+            task = asyncio.get_running_loop().create_task(self._check(), name=f"mcp-check-{self.name}")
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+
+    async def _check(self) -> None:
+        """After a cancelled call: a server that does not answer a ping within `PING_TIMEOUT` is
+        restarted now (after the backoff), so the next call does not pay for finding out."""
+        client = self._client
+        if client is None:
+            return
+        try:
+            async with asyncio.timeout(PING_TIMEOUT):
+                with warnings.catch_warnings():  # ping is legacy-mode only, which is the mode we use
+                    warnings.simplefilter("ignore", MCPDeprecationWarning)
+                    await client.send_ping()
+            return
+        except Exception as exc:
+            log.warning("mcp.unresponsive", server=self.name, error=_describe(exc) or "no answer to a ping")
+        if self._client is not client:
+            return  # already replaced
+        await self._lost("did not answer a ping after a cancelled call")
+        with contextlib.suppress(Exception):  # a failed restart is logged and retried on next use
+            await self._connect()
 
     async def _lost(self, error: str) -> None:
         async with self._lock:
