@@ -124,14 +124,14 @@ def build(
     return server
 
 
-async def serve_http(server: MCPServer, port_file: Path | None, port: int = 0) -> None:
-    """Streamable HTTP at http://127.0.0.1:<port>/mcp; port 0 takes a free one, written to `port_file`."""
+async def serve_http(server: MCPServer, port_file: Path | None, port: int = 0, host: str = "127.0.0.1") -> None:
+    """Streamable HTTP at http://<host>:<port>/mcp; port 0 takes a free one, written to `port_file`."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    app = server.streamable_http_app(host="127.0.0.1")
+    sock.bind((host, port))
+    app = server.streamable_http_app(host=host)
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     if port_file is not None:
         tmp = port_file.with_suffix(".tmp")

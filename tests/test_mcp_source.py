@@ -13,7 +13,7 @@ from typing import Any
 import mcp_types as mt
 import pytest
 import structlog
-from helpers import demo_mcp_http, eventually, mcp_log
+from helpers import demo_mcp_http, eventually, mcp_log, run_cli
 
 from executor.gateway import ToolGateway
 from executor.registry import ToolLoadError, ToolRegistry
@@ -278,3 +278,15 @@ async def test_http_server_lost_during_a_side_effecting_call_is_an_unknown_outco
             assert "outcome is unknown" in outcome.content
             down = await call(gw, "pay.lookup_order", {"order_id": "A100"}, "c2")
             assert down.outcome == "error" and "pay" in down.content  # still down: an ERROR, no crash
+
+
+def test_a_worker_with_a_bad_mcp_config_stops_with_a_clear_message(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`taskloom worker` exits 2 naming TASKLOOM_MCP_CONFIG and the problem; no traceback."""
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"desk": {"url": "ftp://x"}}}))
+    done = run_cli("worker", "executor", env={**subprocess_env, "TASKLOOM_MCP_CONFIG": str(path)})
+    assert done.returncode == 2, done.stderr
+    assert "TASKLOOM_MCP_CONFIG" in done.stderr and "'url' must be an http(s) URL" in done.stderr
+    assert "Traceback" not in done.stderr
