@@ -52,6 +52,7 @@ class Limits:
     tool_timeout: float = 30.0  # default per-call tool timeout, seconds
     dependency_result_limit: int = 2000  # characters of each dependency's result in a task's context
     loop_window: int = 8  # a repeated identical call within this many calls is a loop
+    tool_select_limit: int = 16  # tools offered to the planner / a task at most, chosen by their words (0: all)
     compact_after_tokens: int = 20_000  # condense older steps once the prompt passes this estimate
     lease_ttl: float = 15.0  # a dead executor's task is picked up again after about this long
 

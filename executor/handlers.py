@@ -20,10 +20,12 @@ from bus.observe import observe
 from bus.runtime import Runtime
 from bus.schemas import GOAL_TERMINAL, Event, GoalState, TaskResult, TaskState
 from bus.store import IllegalTransition, NotFound, StaleWrite
+from llm.toolselect import select_tools
 from llm.types import ToolUseBlock
 
 from .gateway import ToolGateway, digest
 from .loop import Approvals, Handover, Loop, Paused, TaskInput
+from .registry import ToolRegistry
 from .sources.catalog import ToolCatalog
 from .steps import AttemptStore, LeaseLost, claim_expired, now_ms
 from .toolkit import ToolContext
@@ -72,6 +74,15 @@ async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback:
     return TaskInput(goal=goal, spec=spec, attempt=job.attempt, feedback=feedback, dependency_results=tuple(deps))
 
 
+def _offered(registry: ToolRegistry, task: TaskInput, goal_tools: list[str] | None, limit: int) -> list[str]:
+    """The tools a task may use (those its spec names that the goal allows); when the planner gave
+    it more than `limit`, the ones its own words are about (`llm.toolselect`)."""
+    allowed = ToolGateway.allowed_for(goal_tools, task.spec.tools)
+    spec = task.spec
+    text = f"{spec.title}\n{spec.instructions}\n{spec.definition_of_done}"
+    return [t.name for t in select_tools(registry.definitions(allowed), text, limit)]
+
+
 async def execute(
     rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Callable[[], bool] | None = None
 ) -> None:
@@ -117,9 +128,10 @@ async def execute(
     started, outcome = time.perf_counter(), "failed"  # for metrics: how this run of the loop ended
     try:
         task_input = await _task_input(rt, job, task.plan_version, task.feedback)
-        allowed = ToolGateway.allowed_for(goal.goal.allowed_tools, task_input.spec.tools)
+        registry = await tools.snapshot()
+        allowed = _offered(registry, task_input, goal.goal.allowed_tools, rt.limits.tool_select_limit)
         gateway = ToolGateway(
-            await tools.snapshot(),
+            registry,
             allowed,
             rt.events,
             output_limit=rt.limits.tool_output_limit,

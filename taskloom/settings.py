@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     )
     dependency_result_limit: int = Field(default=2000, ge=100, description="characters of each dependency's result")
     loop_window: int = Field(default=8, ge=1, le=100, description="repeated identical call within this many = loop")
+    # Large catalogs (MCP servers): offer the planner and each task at most this many tools, picked
+    # by the goal's or task's words (`llm.toolselect`); a smaller catalog is offered whole. 0 = all.
+    tool_select_limit: int = Field(default=16, ge=0, le=1000, description="tools offered per goal/task (0 = all)")
 
     # Token-budget ledger (bus.ledger). A reservation lives as long as a job may run, so that a live
     # call is never forfeited; a dead worker's reservation is counted as spent after this long.

@@ -83,6 +83,7 @@ def limits_for(settings: Settings) -> Limits:
         compact_after_tokens=settings.compact_after_tokens,
         dependency_result_limit=settings.dependency_result_limit,
         loop_window=settings.loop_window,
+        tool_select_limit=settings.tool_select_limit,
     )
 
 

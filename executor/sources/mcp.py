@@ -148,9 +148,7 @@ def load_config(path: str | Path) -> McpConfig:
     try:
         config = McpConfig.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False)
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
         raise McpConfigError(f"{where}: {problems}") from None
     for name in config.servers:
         if not SERVER_NAME.match(name):
