@@ -32,7 +32,7 @@ from llm.errors import ModelConfigError
 from .logs import configure_logging
 from .metrics import MetricsError
 from .settings import Settings, SettingsError, load_settings
-from .workers import keys_for, run_workers
+from .workers import keys_for, load_tools, run_workers
 
 app = typer.Typer(
     name="taskloom",
@@ -464,6 +464,44 @@ def _decide(goal_id: str, call_id: str, approved: bool, reason: str, as_json: bo
     else:
         verb = "approved" if approved else "denied"
         out.print(f"{call_id} {verb}" if first else f"{call_id} was already decided; nothing changed")
+
+
+@app.command()
+def tools(as_json: JsonOpt = False) -> None:
+    """List the tool catalog a worker would load (TASKLOOM_TOOLS and TASKLOOM_MCP_CONFIG), with each
+    tool's origin and policy; a bad configuration or a name collision exits 2 naming it."""
+    settings = _settings()
+    configure_logging("WARNING", stream=sys.stderr)
+
+    async def listed() -> list[dict[str, Any]]:
+        async with load_tools(settings) as catalog:
+            registry = await catalog.start()
+            return [
+                {
+                    "name": name,
+                    "origin": registry.origins[name],
+                    "read_only": tool.read_only,
+                    "side_effects": tool.side_effects,
+                    "requires_approval": tool.requires_approval,
+                    "timeout": tool.timeout,
+                    "description": tool.description,
+                }
+                for name, tool in sorted(registry.tools.items())
+            ]
+
+    try:
+        rows = asyncio.run(listed())
+    except ToolLoadError as exc:
+        _fail(EXIT_INVALID, str(exc))
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("tool", "from", "policy", "timeout")
+    for row in rows:
+        flags = [f for f in ("read_only", "side_effects", "requires_approval") if row[f]]
+        timeout = row["timeout"] or settings.tool_timeout
+        table.add_row(row["name"], row["origin"], ", ".join(flags) or "-", f"{timeout:g} s")
+    out.print(table)
 
 
 @app.command()

@@ -290,3 +290,26 @@ def test_a_worker_with_a_bad_mcp_config_stops_with_a_clear_message(
     assert done.returncode == 2, done.stderr
     assert "TASKLOOM_MCP_CONFIG" in done.stderr and "'url' must be an http(s) URL" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_readme_config_example_works(subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    """The README's MCP config, with its HTTP server running, loads as documented (`taskloom tools --json`)."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- mcp-config-example", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    with demo_mcp_http(tmp_path) as (url, _):
+        text = block.replace("http://127.0.0.1:8931/mcp", url).replace(
+            '"command": "python"', json.dumps({"command": sys.executable})[1:-1]
+        )
+        config = tmp_path / "mcp.json"
+        config.write_text(text)
+        secret = "pay-token-7d1e"
+        env = {**subprocess_env, "TASKLOOM_MCP_CONFIG": str(config), "PAY_TOKEN": secret}
+        done = run_cli("tools", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    tools = {row["name"]: row for row in json.loads(done.stdout)}
+    assert "desk.lookup_order" in tools and "desk.issue_refund" not in tools
+    refund = tools["pay.issue_refund"]
+    assert (refund["requires_approval"], refund["side_effects"], refund["timeout"]) == (True, True, 60)
+    assert tools["pay.lookup_order"]["read_only"] and tools["pay.refund_policy"]["timeout"] == 20
+    assert tools["desk.lookup_order"]["origin"] == "MCP server 'desk'"
+    assert secret not in done.stdout + done.stderr
