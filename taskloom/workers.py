@@ -87,12 +87,13 @@ def limits_for(settings: Settings) -> Limits:
     )
 
 
-def load_tools(settings: Settings) -> Catalog:
+def load_tools(settings: Settings, with_mcp: bool = True) -> Catalog:
     """`TASKLOOM_TOOLS` (or the bundled support-desk toolkit with the offline demo model) and the
-    servers of `TASKLOOM_MCP_CONFIG`, as one catalog (enter it, then `start()` it)."""
+    servers of `TASKLOOM_MCP_CONFIG`, as one catalog (enter it, then `start()` it). `with_mcp=False`
+    for processes that never use tools (a critic-only worker starts no MCP server)."""
     kits = load_toolkits(settings.tools, default=[support] if settings.model == "demo" else [])
     sources: list[ToolSource] = [ToolkitSource(k) for k in kits]
-    if settings.mcp_config:
+    if settings.mcp_config and with_mcp:
         try:
             from executor.sources.mcp import sources_from
         except ImportError as exc:
@@ -292,7 +293,7 @@ async def run_workers(
     metrics_server = None
     previous_observer: Observer | None = None
     try:
-        catalog = load_tools(settings)
+        catalog = load_tools(settings, with_mcp=bool({"planner", "executor"} & set(roles)))
         owned = model is None
         model = model or make_inner_model(settings)
         if settings.metrics_port is not None and not burst:

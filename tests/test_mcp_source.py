@@ -23,6 +23,7 @@ from executor.sources.mcp import (
     McpConfigError,
     McpSource,
     ServerConfig,
+    ServerUnavailable,
     ToolOverride,
     load_config,
     policy_flags,
@@ -313,3 +314,19 @@ def test_the_readme_config_example_works(subprocess_env: dict[str, str], tmp_pat
     assert tools["pay.lookup_order"]["read_only"] and tools["pay.refund_policy"]["timeout"] == 20
     assert tools["desk.lookup_order"]["origin"] == "MCP server 'desk'"
     assert secret not in done.stdout + done.stderr
+
+
+async def test_a_server_that_cannot_start_backs_off_exponentially() -> None:
+    """Failed starts are retried only after 10 s, then 20 s (fake clock); calls meanwhile fail at once."""
+    now = [1000.0]
+    source = McpSource("gone", ServerConfig(command="/nonexistent/mcp-server"), backoff=(10, 100), clock=lambda: now[0])
+    async with source:
+        with pytest.raises(ServerUnavailable, match="could not be started"):
+            await source.list_tools()
+        with pytest.raises(ServerUnavailable, match=r"unavailable .* next reconnect attempt in 10 s"):
+            await source.call_tool("x", {}, ctx())
+        now[0] += 10.5
+        with pytest.raises(ServerUnavailable, match="could not be started"):
+            await source.list_tools()
+        with pytest.raises(ServerUnavailable, match="next reconnect attempt in 20 s"):
+            await source.list_tools()

@@ -64,6 +64,7 @@ SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 IDEMPOTENCY_META_KEY = "dev.taskloom/idempotency-key"  # in a tools/call request's `_meta`
 PING_TIMEOUT = 3.0  # seconds a server has to answer a ping after a cancelled call
+STABLE_AFTER = 60.0  # a connection that lived this long resets the backoff when it is lost
 
 
 class McpConfigError(ToolLoadError, ValueError):
@@ -306,8 +307,10 @@ class McpSource:
         self._last_error = ""
         self._checks: set[asyncio.Task[None]] = set()  # health checks after cancelled calls
         self._tools: list[CatalogTool] | None = None
+        self._side_effects: dict[str, bool] = {}  # by the server's tool name, kept across reconnects
         self._listed_at = 0.0
         self._generation = 0  # bumped on each (re)connect, for logs and tests
+        self._connected_at = 0.0
 
     @property
     def label(self) -> str:
@@ -319,6 +322,9 @@ class McpSource:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        for check in list(self._checks):
+            check.cancel()
+        await asyncio.gather(*self._checks, return_exceptions=True)
         await self._disconnect()
 
     # -- connection -------------------------------------------------------------------------
@@ -394,7 +400,7 @@ class McpSource:
                 self._note_failure(_describe(exc))
                 raise ServerUnavailable(f"MCP server {self.name!r} could not be started: {self._last_error}") from None
             self._client = client
-            self._failures = 0
+            self._connected_at = self.clock()
             self._generation += 1
             self._tools = None  # a restarted server may list other tools
             log.info("mcp.connected", server=self.name, transport=self.config.transport, target=self._target())
@@ -453,6 +459,7 @@ class McpSource:
             if tool is not None:
                 tools.append(tool)
         self._tools, self._listed_at = tools, self.clock()
+        self._side_effects.update({t.remote_name: t.side_effects for t in tools if isinstance(t, McpTool)})
         log.info("mcp.tools_listed", server=self.name, tools=len(tools))
         return tools
 
@@ -489,7 +496,7 @@ class McpSource:
 
     async def call_tool(self, name: str, args: Any, ctx: ToolContext) -> Any:
         client = await self._connect()
-        side_effects = next((t.side_effects for t in self._tools or [] if getattr(t, "remote_name", "") == name), True)
+        side_effects = self._side_effects.get(name, True)  # unknown: assume the worst
         meta = cast(mt.RequestParamsMeta, {IDEMPOTENCY_META_KEY: ctx.idempotency_key})
         try:
             result = await client.call_tool(name, args, meta=meta)
@@ -544,6 +551,8 @@ class McpSource:
             if self._client is None and self._runner is None:
                 return  # someone else noticed first
             await self._disconnect()
+            if self.clock() - self._connected_at >= STABLE_AFTER:
+                self._failures = 0  # it had been fine for a while: start the backoff over
             self._note_failure(error)
 
 
