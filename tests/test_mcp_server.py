@@ -79,8 +79,15 @@ async def test_submit_wait_and_approve_through_the_mcp_server(
             kinds = [e["type"] for e in page["events"]]
             assert "tool.approval_requested" in kinds and "tool.approval_decided" in kinds
             assert any(e["type"] == "tool.call" and e["data"]["tool"] == "wipe" for e in page["events"])
-            tail = structured(await mcp.call_tool("goal_events", {"goal_id": gid, "after": page["next_after"]}))
-            assert tail["events"] == []
+            # Paging with `next_after` walks the same append-only stream, three events at a time.
+            walked: list[str] = []
+            after = None
+            while len(walked) < len(page["events"]):
+                part = structured(await mcp.call_tool("goal_events", {"goal_id": gid, "after": after, "limit": 3}))
+                assert 1 <= len(part["events"]) <= 3
+                walked += [e["position"] for e in part["events"]]
+                after = part["next_after"]
+            assert walked[: len(page["events"])] == [e["position"] for e in page["events"]]
 
             missing = await mcp.call_tool("goal_status", {"goal_id": "no-such-goal"})
             assert missing.is_error and "no-such-goal" in str(missing.content)
