@@ -36,12 +36,31 @@ READ_ONLY = mt.ToolAnnotations(read_only_hint=True, idempotent_hint=True)
 DESTRUCTIVE = mt.ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False)
 
 
+class PagedServer(MCPServer):
+    """`tools/list` in pages of `page_size` tools (0: one page), so clients must follow `nextCursor`."""
+
+    page_size = 0
+
+    async def _handle_list_tools(self, ctx: Any, params: mt.PaginatedRequestParams | None) -> mt.ListToolsResult:
+        tools = await self.list_tools()
+        if not self.page_size:
+            return mt.ListToolsResult(tools=tools)
+        start = int(params.cursor) if params is not None and params.cursor else 0
+        end = start + self.page_size
+        return mt.ListToolsResult(tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None)
+
+
 def build(
-    log: Path | None = None, die_once: Path | None = None, hang_once: Path | None = None, refund_delay: float = 0.0
+    log: Path | None = None,
+    die_once: Path | None = None,
+    hang_once: Path | None = None,
+    refund_delay: float = 0.0,
+    page_size: int = 0,
 ) -> MCPServer:
-    server: MCPServer = MCPServer(
+    server = PagedServer(
         "support-desk", instructions="Orders, refunds and tickets of the demo store.", log_level="WARNING"
     )
+    server.page_size = page_size
 
     def order(order_id: str) -> dict[str, Any]:
         try:
@@ -148,9 +167,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", type=Path, help="append one JSON line per call phase")
     parser.add_argument("--die-once", type=Path, help="order_history kills the server while this file exists")
     parser.add_argument("--hang-once", type=Path, help="order_history freezes the server while this file exists")
+    parser.add_argument("--page-size", type=int, default=0, help="tools per tools/list page (0: all in one)")
     parser.add_argument("--refund-delay", type=float, default=0.0, help="seconds issue_refund takes")
     args = parser.parse_args(argv)
-    server = build(args.log, args.die_once, args.hang_once, args.refund_delay)
+    server = build(args.log, args.die_once, args.hang_once, args.refund_delay, args.page_size)
     if args.http:
         asyncio.run(serve_http(server, args.port_file, args.port))
     else:

@@ -121,9 +121,10 @@ def test_urls_in_logs_lose_their_credentials() -> None:
 async def test_stdio_server_tools_run_through_the_gateway(tmp_path: Path) -> None:
     """Namespaced names, flags from annotations, structured results, isError and bad arguments as ERRORs."""
     log = tmp_path / "calls.jsonl"
-    source = McpSource("desk", stdio_config("--log", str(log)))
+    source = McpSource("desk", stdio_config("--log", str(log), "--page-size", "2"))
     async with gateway_on(source) as (gw, _):
         tools = {name: gw.registry.tools[name] for name in gw.allowed}
+        assert len(tools) == 7  # every page of tools/list (2 tools a page)
         assert "desk.lookup_order" in tools and "desk.issue_refund" in tools
         assert tools["desk.lookup_order"].read_only and not tools["desk.lookup_order"].side_effects
         refund = tools["desk.issue_refund"]
