@@ -102,7 +102,7 @@ async def test_a_goal_on_mcp_tools_only_with_approval_audit_and_crash_safety(
         "tools": {"issue_refund": {"enabled": False}},
     }
     model = Desk()
-    pay = demo_mcp_http(tmp_path, "--log", str(pay_log), "--refund-delay", "4")
+    pay = demo_mcp_http(tmp_path, "--log", str(pay_log), "--refund-delay", "10")  # killed well before it ends
     with pay as (url, _), FakeAnthropicServer() as fake:
         config = tmp_path / "mcp.json"
         config.write_text(json.dumps({"mcpServers": {"desk": desk, "pay": {"url": url}}}))
