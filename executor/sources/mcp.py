@@ -369,7 +369,9 @@ class McpSource:
             if self._runner is asyncio.current_task():
                 self._client = None
 
-    async def _connect(self) -> Client:
+    async def _connect(self, patient: bool = True) -> Client:
+        """The live connection, (re)opened if needed. Within a backoff period: a `patient` caller (a
+        tool call) waits up to 5 s for it to end; others (catalog refreshes) fail at once."""
         if self._client is not None and self._runner is not None and not self._runner.done():
             return self._client
         async with self._lock:
@@ -377,7 +379,7 @@ class McpSource:
                 return self._client
             wait = self._retry_at - self.clock()
             if wait > 0:
-                if wait > 5:
+                if wait > 5 or not patient:
                     raise ServerUnavailable(
                         f"MCP server {self.name!r} is unavailable ({self._last_error}); "
                         f"next reconnect attempt in {wait:.0f} s"
@@ -444,7 +446,7 @@ class McpSource:
     async def list_tools(self) -> list[CatalogTool]:
         if self._tools is not None and self.clock() - self._listed_at < self.config.list_ttl:
             return self._tools
-        client = await self._connect()
+        client = await self._connect(patient=False)  # a catalog refresh never waits out a backoff
         listed: list[mt.Tool] = []
         cursor: str | None = None
         for _ in range(1000):  # a server whose cursor never ends cannot hang us
