@@ -71,7 +71,9 @@ def demo_mcp_http(tmp_path: Path, *args: str, name: str = "http") -> Iterator[tu
     port_file = tmp_path / f"mcp-{name}.port"
     with (tmp_path / f"mcp-{name}.stderr").open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "executor.demo_mcp", "--http", "--port-file", str(port_file), *args], stderr=err
+            [sys.executable, "-m", "executor.demo_mcp", "--http", "--port-file", str(port_file), *args],
+            stderr=err,
+            cwd=TESTS_DIR.parent,
         )
     try:
         deadline = time.monotonic() + 30
