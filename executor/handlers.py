@@ -21,11 +21,13 @@ from bus.observe import observe
 from bus.runtime import Runtime
 from bus.schemas import GOAL_TERMINAL, Event, GoalState, TaskResult, TaskState
 from bus.store import IllegalTransition, NotFound, StaleWrite
+from llm.toolselect import select_tools
 from llm.types import ToolUseBlock
 
 from .gateway import ToolGateway, digest
 from .loop import Approvals, Handover, Loop, Paused, TaskInput
 from .registry import ToolRegistry
+from .sources.catalog import ToolCatalog
 from .steps import AttemptStore, LeaseLost, claim_expired, now_ms
 from .toolkit import ToolContext
 
@@ -82,11 +84,21 @@ async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback:
     )
 
 
+def _offered(registry: ToolRegistry, task: TaskInput, goal_tools: list[str] | None, limit: int) -> list[str]:
+    """The tools a task may use (those its spec names that the goal allows); when the planner gave
+    it more than `limit`, the ones its own words are about (`llm.toolselect`)."""
+    allowed = ToolGateway.allowed_for(goal_tools, task.spec.tools)
+    spec = task.spec
+    text = f"{spec.title}\n{spec.instructions}\n{spec.definition_of_done}"
+    return [t.name for t in select_tools(registry.definitions(allowed), text, limit)]
+
+
 async def execute(
-    rt: Runtime, job: ExecuteJob, registry: ToolRegistry, stopping: Callable[[], bool] | None = None
+    rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Callable[[], bool] | None = None
 ) -> None:
-    """Run or resume one task attempt. `stopping()` turns true when this worker shuts down: the loop
-    then hands the attempt over between two steps (see `_hand_over`)."""
+    """Run or resume one task attempt with the tools of `tools` (a `ToolRegistry`, or the worker's
+    live `Catalog`). `stopping()` turns true when this worker shuts down: the loop then hands the
+    attempt over between two steps (see `_hand_over`)."""
     goal = await rt.store.get_goal(job.goal_id)
     if goal.state in GOAL_TERMINAL:
         log.info("execute.skipped", reason=f"goal {goal.state.value}")
@@ -126,7 +138,8 @@ async def execute(
     started, outcome = time.perf_counter(), "failed"  # for metrics: how this run of the loop ended
     try:
         task_input = await _task_input(rt, job, task.plan_version, task.feedback)
-        allowed = ToolGateway.allowed_for(goal.goal.allowed_tools, task_input.spec.tools)
+        registry = await tools.snapshot()
+        allowed = _offered(registry, task_input, goal.goal.allowed_tools, rt.limits.tool_select_limit)
         gateway = ToolGateway(
             registry,
             allowed,

@@ -9,9 +9,9 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
-from pydantic import BaseModel
 
 from bus.effects import RESULT_LIMIT, EffectRecord, EffectState, SideEffects
 from bus.ledger import BudgetExhausted
@@ -24,8 +24,8 @@ from llm.types import Message, ModelRequest, ModelResponse, TextBlock, ToolResul
 
 from . import policy
 from .gateway import ToolGateway, ToolOutcome, digest, error_outcome
+from .sources.base import CatalogTool, ToolContext
 from .steps import AttemptStore, Pending, StepRecord
-from .toolkit import Tool, ToolContext
 
 log = structlog.get_logger("taskloom.executor")
 
@@ -103,7 +103,13 @@ def context_text(task: TaskInput, limit: int) -> str:
     return "\n".join(parts)
 
 
-_EFFECT_STATE: dict[str, EffectState] = {"ok": "ok", "error": "failed", "timeout": "unknown", "cancelled": "unknown"}
+_EFFECT_STATE: dict[str, EffectState] = {
+    "ok": "ok",
+    "error": "failed",
+    "timeout": "unknown",
+    "cancelled": "unknown",
+    "unknown_outcome": "unknown",
+}
 
 
 def replayed(call: ToolUseBlock, earlier: EffectRecord) -> ToolOutcome:
@@ -293,7 +299,7 @@ class Loop:
         after another. Returns the outcomes and whether a repeated call means the loop must stop."""
         done: dict[str, ToolOutcome] = dict(pending.results)
         loop_stop = False
-        to_run: list[tuple[ToolUseBlock, Tool, BaseModel]] = []
+        to_run: list[tuple[ToolUseBlock, CatalogTool, Any]] = []
         for call in calls:
             d = digest(call.input)
             repeat = policy.check_repeat(state, call.name, d, self.limits.loop_window)
@@ -336,7 +342,7 @@ class Loop:
                     continue
             to_run.append((call, tool, args))
 
-        async def run_one(call: ToolUseBlock, tool: Tool, args: BaseModel) -> None:
+        async def run_one(call: ToolUseBlock, tool: CatalogTool, args: Any) -> None:
             record = self._effect(call)
             if tool.side_effects:
                 await self.store.mark_started(call.id)

@@ -23,10 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from bus.schemas import json_schema
 from llm.types import ToolDef
+
+from .sources.base import InvalidArguments, ToolContext
+
+__all__ = ["Tool", "ToolContext", "ToolDefinitionError", "Toolkit", "make_tool"]
 
 F = typing.TypeVar("F", bound=Callable[..., Any])
 
@@ -35,27 +39,6 @@ TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,127}$")
 
 class ToolDefinitionError(ValueError):
     """A function cannot be made into a tool (bad name, untyped parameter, ...)."""
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """What a tool may know about the call that runs it."""
-
-    goal_id: str
-    task_id: str
-    attempt: int
-    step: int
-    call_id: str
-    tool: str = ""
-    args_digest: str = ""
-
-    @property
-    def idempotency_key(self) -> str:
-        """Stable across the task's attempts for the same call (tool and arguments), so that a
-        downstream service dedupes it too; per call when the tool and arguments are not known."""
-        if self.tool:
-            return f"{self.goal_id}:{self.task_id}:{self.tool}:{self.args_digest}"
-        return f"{self.goal_id}:{self.task_id}:{self.attempt}:{self.step}:{self.call_id}"
 
 
 @dataclass(frozen=True)
@@ -74,6 +57,15 @@ class Tool:
     @property
     def definition(self) -> ToolDef:
         return ToolDef(name=self.name, description=self.description, input_schema=json_schema(self.params))
+
+    def parse(self, arguments: dict[str, Any]) -> BaseModel:
+        try:
+            return self.params.model_validate(arguments)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors(include_url=False)
+            )
+            raise InvalidArguments(problems) from None
 
     async def invoke(self, args: BaseModel, ctx: ToolContext) -> Any:
         kwargs = {name: getattr(args, name) for name in type(args).model_fields}

@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     task_timeout: float = Field(default=300, gt=0, description="wall-clock limit of one task attempt, s")
     events_maxlen: int = Field(default=10_000, ge=100, description="approximate cap of each event stream")
     tools: str = Field(default="", description="comma-separated module:attribute toolkits")
+    # A JSON file of MCP servers whose tools join the catalog (`executor.sources.mcp`).
+    mcp_config: str = Field(default="", description="path of the MCP servers file ({\"mcpServers\": ...})")
 
     # Model calls (the anthropic SDK owns retries of 408/409/429/5xx, honouring retry-after).
     model_max_tokens: int = Field(default=1024, ge=16, le=64_000, description="max_tokens asked per model call")
@@ -84,6 +86,9 @@ class Settings(BaseSettings):
     )
     dependency_result_limit: int = Field(default=2000, ge=100, description="characters of each dependency's result")
     loop_window: int = Field(default=8, ge=1, le=100, description="repeated identical call within this many = loop")
+    # Large catalogs (MCP servers): offer the planner and each task at most this many tools, picked
+    # by the goal's or task's words (`llm.toolselect`); a smaller catalog is offered whole. 0 = all.
+    tool_select_limit: int = Field(default=16, ge=0, le=1000, description="tools offered per goal/task (0 = all)")
 
     # Token-budget ledger (bus.ledger). A reservation lives as long as a job may run, so that a live
     # call is never forfeited; a dead worker's reservation is counted as spent after this long.

@@ -44,7 +44,10 @@ from bus.runtime import Limits, Runtime
 from bus.schemas import Event, GoalState
 from bus.store import IllegalTransition, NotFound
 from executor.demo_tools import support
-from executor.registry import ToolRegistry, load_registry
+from executor.registry import ToolLoadError, ToolRegistry, load_toolkits
+from executor.sources.base import ToolSource
+from executor.sources.catalog import Catalog, ToolCatalog
+from executor.sources.toolkit import ToolkitSource
 from llm import make_model
 from llm.errors import ModelError
 from llm.port import ModelPort
@@ -59,11 +62,11 @@ log = structlog.get_logger("taskloom.worker")
 Handler = Callable[[Runtime, Any], Awaitable[None]]
 
 
-def handlers_for(role: str, registry: ToolRegistry, stopping: Callable[[], bool] | None = None) -> dict[str, Handler]:
+def handlers_for(role: str, tools: ToolCatalog, stopping: Callable[[], bool] | None = None) -> dict[str, Handler]:
     """`stopping()` is true once the process is shutting down (executors hand their attempts over)."""
     table: dict[str, dict[str, Handler]] = {
         "planner": {"plan": planner.plan, "advance": planner.advance, "replan": planner.replan},
-        "executor": {"execute": functools.partial(executor.execute, registry=registry, stopping=stopping)},
+        "executor": {"execute": functools.partial(executor.execute, tools=tools, stopping=stopping)},
         "critic": {"review": critic.review, "review_goal": critic.review_goal},
     }
     return table[role]
@@ -84,12 +87,26 @@ def limits_for(settings: Settings) -> Limits:
         compact_after_tokens=settings.compact_after_tokens,
         dependency_result_limit=settings.dependency_result_limit,
         loop_window=settings.loop_window,
+        tool_select_limit=settings.tool_select_limit,
     )
 
 
-def load_tools(settings: Settings) -> ToolRegistry:
-    """`TASKLOOM_TOOLS`, or the bundled support-desk toolkit with the offline demo model."""
-    return load_registry(settings.tools, default=[support] if settings.model == "demo" else [])
+def load_tools(settings: Settings, with_mcp: bool = True) -> Catalog:
+    """`TASKLOOM_TOOLS` (or the bundled support-desk toolkit with the offline demo model) and the
+    servers of `TASKLOOM_MCP_CONFIG`, as one catalog (enter it, then `start()` it). `with_mcp=False`
+    for processes that never use tools (a critic-only worker starts no MCP server)."""
+    kits = load_toolkits(settings.tools, default=[support] if settings.model == "demo" else [])
+    sources: list[ToolSource] = [ToolkitSource(k) for k in kits]
+    if settings.mcp_config and with_mcp:
+        try:
+            from executor.sources.mcp import sources_from
+        except ImportError as exc:
+            raise ToolLoadError(
+                f"TASKLOOM_MCP_CONFIG is set but the MCP SDK cannot be imported ({exc}); "
+                "install it with: pip install 'taskloom[mcp]'"
+            ) from None
+        sources.extend(sources_from(settings.mcp_config))
+    return Catalog(sources)
 
 
 def make_ledger(settings: Settings, redis: ArqRedis) -> Ledger:
@@ -227,7 +244,7 @@ async def _after_failure(rt: Runtime, role: str, name: str, payload: JobPayload,
 def worker_settings(
     role: str,
     settings: Settings,
-    registry: ToolRegistry | None = None,
+    registry: ToolCatalog | None = None,
     stopping: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """The arq `WorkerSettings` of one role (as a dict, which arq accepts)."""
@@ -250,8 +267,11 @@ def worker_settings(
     }
 
 
-def build_runtime(settings: Settings, redis: ArqRedis, model: ModelPort, registry: ToolRegistry) -> Runtime:
+def build_runtime(
+    settings: Settings, redis: ArqRedis, model: ModelPort, registry: ToolRegistry | Catalog
+) -> Runtime:
     ledger = make_ledger(settings, redis)
+
     return Runtime.build(
         redis,
         keys_for(settings),
@@ -259,7 +279,8 @@ def build_runtime(settings: Settings, redis: ArqRedis, model: ModelPort, registr
         models=ModelFactory(model, ledger, TroubleClock(redis, keys_for(settings))),
         ledger=ledger,
         limits=limits_for(settings),
-        tool_catalog=tuple(registry.definitions()),
+        tool_catalog=tuple(registry.definitions()) if isinstance(registry, ToolRegistry) else (),
+        tools=registry if isinstance(registry, Catalog) else None,
         retry=RetryPolicy(patience=settings.provider_patience, cap=settings.provider_backoff_max),
     )
 
@@ -269,7 +290,7 @@ def build_workers(
     settings: Settings,
     redis: ArqRedis,
     model: ModelPort,
-    registry: ToolRegistry,
+    registry: ToolRegistry | Catalog,
     burst: bool = False,
     stopping: Callable[[], bool] | None = None,
 ) -> tuple[Runtime, list[Worker]]:
@@ -330,15 +351,17 @@ async def run_workers(
     metrics_server = None
     previous_observer: Observer | None = None
     try:
-        registry = load_tools(settings)
+        catalog = load_tools(settings, with_mcp=bool({"planner", "executor"} & set(roles)))
         owned = model is None
         model = model or make_inner_model(settings)
         if settings.metrics_port is not None and not burst:
             metrics_server = metrics.serve(settings.metrics_port, settings.metrics_addr)
             previous_observer = install(metrics.PrometheusObserver())
-        async with connect(settings.redis_url, settings.home) as redis:
+        async with catalog, connect(settings.redis_url, settings.home) as redis:
+            # Every source is listed once now: a tool name collision stops start-up, naming both.
+            await catalog.start()
             # The executors' handlers read `stop` to hand their attempts over between steps.
-            runtime, workers = build_workers(roles, settings, redis, model, registry, burst, stop.is_set)
+            runtime, workers = build_workers(roles, settings, redis, model, catalog, burst, stop.is_set)
             instance = health.instance_id()
             log.info(
                 "worker.started",

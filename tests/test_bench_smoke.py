@@ -14,7 +14,9 @@ from planner.prompts import PLAN_TOOL
 from planner.prompts import SYSTEM as PLANNER_SYSTEM
 
 
-@pytest.mark.parametrize("name", ["hops", "speedup", "throughput", "tokens", "memory", "ledger", "toolkit", "recovery"])
+@pytest.mark.parametrize(
+    "name", ["hops", "speedup", "throughput", "tokens", "memory", "ledger", "toolkit", "recovery", "tools"]
+)
 def test_bench_modules_import(name: str) -> None:
     importlib.import_module(f"bench.{name}")
 
