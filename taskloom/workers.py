@@ -44,6 +44,7 @@ from bus.runtime import Limits, Runtime
 from executor.demo_tools import support
 from executor.registry import ToolRegistry, load_registry
 from llm import make_model
+from llm.cassette import RecordingModel
 from llm.port import ModelPort
 
 from . import health, metrics
@@ -99,8 +100,10 @@ def make_ledger(settings: Settings, redis: ArqRedis) -> Ledger:
 
 
 def make_inner_model(settings: Settings) -> ModelPort:
-    """The configured model (raises `ModelConfigError` naming ANTHROPIC_API_KEY when it is missing)."""
-    return make_model(settings.model, max_retries=settings.model_max_retries, timeout=settings.model_timeout)
+    """The configured model (raises `ModelConfigError` naming ANTHROPIC_API_KEY when it is missing),
+    recording every call to the `TASKLOOM_RECORD` cassette when that is set."""
+    model = make_model(settings.model, max_retries=settings.model_max_retries, timeout=settings.model_timeout)
+    return RecordingModel(model, settings.record) if settings.record is not None else model
 
 
 def keys_for(settings: Settings) -> Keys:
