@@ -109,8 +109,29 @@ def load(path: Path) -> list[Entry]:
     return entries
 
 
-def _pretty(canon: dict[str, Any]) -> list[str]:
-    return json.dumps(canon, indent=1, sort_keys=True, ensure_ascii=False).splitlines()
+def _pretty(value: Any, indent: str = "") -> list[str]:
+    """A readable rendering for diffs: one line per line of text, so a diff points at the line that
+    changed rather than at one long JSON string."""
+    if isinstance(value, dict):
+        out = []
+        for k in sorted(value):
+            v = value[k]
+            if isinstance(v, dict | list) and v:
+                out += [f"{indent}{k}:", *_pretty(v, indent + "  ")]
+            elif isinstance(v, str) and "\n" in v:
+                out += [f"{indent}{k}: |", *(f"{indent}  {line}" for line in v.split("\n"))]
+            else:
+                out.append(f"{indent}{k}: {json.dumps(v, ensure_ascii=False)}")
+        return out
+    if isinstance(value, list):
+        out = []
+        for item in value:
+            body = _pretty(item, indent + "  ")
+            out += [f"{indent}- {body[0].lstrip()}", *body[1:]] if body else [f"{indent}-"]
+        return out
+    if isinstance(value, str) and "\n" in value:
+        return [f"{indent}|", *(f"{indent}  {line}" for line in value.split("\n"))]
+    return [f"{indent}{json.dumps(value, ensure_ascii=False)}"]
 
 
 def nearest(entries: Iterable[Entry], canon: dict[str, Any]) -> Entry | None:

@@ -137,7 +137,8 @@ class RunResult:
         for tid, rec in self.tasks.items():
             lines.append(f"  {tid}: {rec.state.value} attempt {rec.attempt} {rec.reason or ''}".rstrip())
         for job in self.failed_jobs:
-            lines.append(f"  failed job {job.job_id}: {job.error!r}")
+            first = str(job.error).splitlines()[0][:200] if job.error is not None else "no result"
+            lines.append(f"  failed job {job.job_id}: {type(job.error).__name__}: {first}")
         return "\n".join(lines)
 
 
