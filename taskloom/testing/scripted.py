@@ -22,7 +22,6 @@ from typing import Any, Literal
 from bus.schemas import TaskSpec, Verdict
 from critic.prompts import ANSWER_SYSTEM, GOAL_REVIEW_SYSTEM, REVIEW_SYSTEM, VERDICT_TOOL
 from executor.loop import SYSTEM as EXECUTOR_SYSTEM
-from llm.anthropic import build_params, tool_name_map
 from llm.errors import TerminalModelError
 from llm.testing import Failure, RecordedRequest, error_body, reply_from_response, request_from_wire
 from llm.testing import Script as FakeScript
@@ -195,6 +194,17 @@ def accepted_results(request: ModelRequest) -> str:
 # -- the model ------------------------------------------------------------------------------------
 
 
+def _wire_body(request: ModelRequest) -> dict[str, Any]:
+    """The parts of a Messages API body that the fake server counts tokens from (its counting reads
+    text only: names, descriptions, schemas, texts, tool inputs and results). Built here rather than
+    with the Anthropic adapter so that scripted tests never import the provider SDK (~2 s)."""
+    return {
+        "tools": [t.model_dump(mode="json") for t in request.tools],
+        "system": [{"type": "text", "text": request.system}] if request.system else [],
+        "messages": [m.model_dump(mode="json") for m in request.messages],
+    }
+
+
 @dataclass(frozen=True)
 class ScriptedCall:
     """One call the model answered, for assertions."""
@@ -318,9 +328,8 @@ class ScriptedModel:
             else b
             for b in reply.content
         ]
-        wire = build_params(request, self.model, tool_name_map(request))
         output = reply.usage.output_tokens or count_output_tokens([b.model_dump(mode="json") for b in content])
-        usage = Usage(input_tokens=count_input_tokens(wire), output_tokens=output)
+        usage = Usage(input_tokens=count_input_tokens(_wire_body(request)), output_tokens=output)
         return ModelResponse(content=content, stop_reason=reply.stop_reason, usage=usage, model=self.model)
 
 
