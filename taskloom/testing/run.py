@@ -298,10 +298,12 @@ class InProcessFleet:
     async def idle(self) -> bool:
         """True when no job is queued or running (a job stays in its queue until it has finished)."""
         redis, keys, _ = self._ready()
+        if any(not t.done() for w in self.workers for t in w.tasks.values()):
+            return False  # known without asking Redis
         for role in ROLES:
             if await redis.zcard(keys.queue(role)):
                 return False
-        return not any(not t.done() for w in self.workers for t in w.tasks.values())
+        return True
 
     async def settle(self, goal_id: str, timeout: float = DEFAULT_TIMEOUT, *, check: bool = True) -> RunResult:
         """Wait until nothing is left to do, then read the run back.
