@@ -8,6 +8,7 @@ from bus.schemas import GoalState, TaskState
 from taskloom import ToolContext, Toolkit
 from taskloom.cli import DEMO_DOD, DEMO_GOAL
 from taskloom.testing import (
+    InProcessFleet,
     RunError,
     ScriptedModel,
     TestRedis,
@@ -145,3 +146,29 @@ def test_taskloom_run_fixture_works_in_a_plain_test(taskloom_run: Runner) -> Non
     result = taskloom_run.sync("sync goal", model=ScriptedModel(planner=[plan(task("a"))]))
     assert result.state is GoalState.SUCCEEDED, result.summary()
     assert result.answer == "[a] task a\na done"
+
+
+async def test_fleet_settles_on_an_approval_and_continues_after_it() -> None:
+    """A call that needs approval leaves the goal waiting; approving through the client finishes it."""
+    wiped: list[str] = []
+    kit = Toolkit("ops")
+
+    @kit.tool(requires_approval=True)
+    def wipe(target: str) -> str:
+        """Needs a person's approval."""
+        wiped.append(target)
+        return f"wiped {target}"
+
+    model = ScriptedModel(planner=[plan(task("w", tools=["wipe"]))], executor=[tool_call("wipe", target="db"), "wiped"])
+    async with InProcessFleet(model=model, tools=kit) as fleet:
+        assert fleet.client is not None
+        goal_id = await fleet.submit("wipe the db")
+        waiting = await fleet.settle(goal_id, timeout=20)
+        assert waiting.state is GoalState.RUNNING and waiting.tasks["w"].state is TaskState.WAITING_APPROVAL
+        assert wiped == []
+        [call_id] = await fleet.client.approvals(goal_id)
+        assert await fleet.client.decide(goal_id, call_id, approved=True)
+        done = await fleet.settle(goal_id, timeout=20)
+    assert done.state is GoalState.SUCCEEDED, done.summary()
+    assert wiped == ["db"]
+    assert [(c.name, c.outcome) for c in done.tool_calls] == [("wipe", "ok")]
