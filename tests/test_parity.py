@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +215,7 @@ async def drive(runner: Runner, scenario: Scenario) -> RunResult:
     if scenario.during is not None:
         await scenario.during(runner, goal_id, scenario.scripted)
     result = await runner.settle(goal_id)
-    return RunResult(**{**result.__dict__, "seconds": time.monotonic() - started})
+    return replace(result, seconds=time.monotonic() - started)
 
 
 def signature(result: RunResult) -> tuple[Any, ...]:

@@ -40,10 +40,11 @@ from llm.types import ToolUseBlock
 
 from ..settings import Settings, load_settings
 from ..workers import _shutdown, build_workers, load_tools
-from .redis import fake_redis
+from .redis import fake_redis, unique_prefix
 
 SETTLE_CHECK = 0.005  # seconds between two looks at the queues
 DEFAULT_TIMEOUT = 60.0
+SHUTDOWN_GRACE = 0.5  # seconds running jobs get when a fleet stops
 
 Tools = Toolkit | ToolRegistry | Iterable[Toolkit] | None
 
@@ -253,8 +254,14 @@ class InProcessFleet:
         redis: ArqRedis | None = None,
     ) -> None:
         self.model: ModelPort = model if model is not None else DemoModel(latency=0)
-        # Fallback polls only: wake-ups start every job at once, in process as across processes.
-        self.settings = settings if settings is not None else load_settings(poll_delay=0.05)
+        if settings is None:
+            # Fallback polls only: wake-ups start every job at once, in process as across processes.
+            # On a Redis of yours, a key prefix of its own: a test never touches anything else there.
+            overrides: dict[str, Any] = {"poll_delay": 0.05}
+            if redis is not None:
+                overrides["key_prefix"] = unique_prefix()
+            settings = load_settings(**overrides)
+        self.settings = settings
         self.registry = as_registry(tools, self.settings, self.model)
         self._given_redis = redis
         self.redis: ArqRedis | None = None
@@ -280,7 +287,8 @@ class InProcessFleet:
 
     async def __aexit__(self, *exc: object) -> None:
         try:
-            await _shutdown(self.workers, self._mains, [], self.settings.shutdown_grace)
+            # Jobs still running here belong to a run that failed or timed out: do not wait long for them.
+            await _shutdown(self.workers, self._mains, [], SHUTDOWN_GRACE)
             if self.runtime is not None and self.redis is not None:
                 await self.redis.delete(*(self.runtime.keys.health_check(r) for r in ROLES))
         finally:
@@ -363,7 +371,8 @@ async def run_goal(
     `goal`: a `Goal`, its fields as a dict, or the goal text. `tools`: a `Toolkit`, several, or a
     `ToolRegistry` (None: what a worker would load). `model`: any `ModelPort`; default the offline
     `DemoModel` without its simulated latency. `settings`: `Settings` (default: from `TASKLOOM_*`,
-    with a 0.05 s fallback poll). `redis`: an arq client (default: a fresh fakeredis server).
+    with a 0.05 s fallback poll). `redis`: an arq client (default: a fresh fakeredis server; given
+    one without settings, the run uses a key prefix of its own).
 
     Raises `RunError` (an AssertionError) when a job failed or the model had no reply for a request,
     `RunTimeout` when the run is still busy after `timeout` seconds; `check=False` returns the
