@@ -31,6 +31,7 @@ from llm.testing import Script as FakeScript
 from llm.types import ModelRequest, TextBlock
 from taskloom.testing import (
     InProcessFleet,
+    ReplayModel,
     RunResult,
     ScriptedModel,
     accept,
@@ -304,7 +305,8 @@ async def test_scenarios_on_worker_processes(
     all_scenarios = scenarios()
     with FakeAnthropicServer() as fake:
         fake.respond_with(by_goal(all_scenarios))
-        env = worker_env(subprocess_env, fake, tmp_path)
+        # The workers also record every model call they make: replayed in-process below.
+        env = worker_env(subprocess_env, fake, tmp_path, TASKLOOM_RECORD=str(tmp_path / "fleet.jsonl"))
         runner = Workers(redis, keys)
         async with fleet(env, tmp_path, "planner", "critic", "executor"):
             results = await asyncio.gather(*(drive(runner, s) for s in all_scenarios))
@@ -312,8 +314,14 @@ async def test_scenarios_on_worker_processes(
     for scenario, result in zip(all_scenarios, results, strict=True):
         assert not scenario.scripted.problems, scenario.name
         scenario.check(result, scenario.scripted, lines)
-    # And each ended exactly as it does in-process: same states, results, tool calls and tokens spent.
+    # And each ended exactly as it does in-process: same states, results, tool calls and tokens spent;
+    # and the cassette the worker processes recorded replays in-process to the same end.
     for scenario, result in zip(scenarios(), results, strict=True):
         async with InProcessFleet(model=scenario.scripted, tools=toolkits_for_tests.kit) as f:
             in_process = await drive(InProcess(f), scenario)
         assert signature(in_process) == signature(result), scenario.name
+        if scenario.during is None:  # acting mid-run is timed on the scripted model's requests
+            replay = ReplayModel(tmp_path / "fleet.jsonl")
+            async with InProcessFleet(model=replay, tools=toolkits_for_tests.kit) as f:
+                replayed = await drive(InProcess(f), scenario)
+            assert signature(replayed) == signature(result), scenario.name
