@@ -139,6 +139,8 @@ async def test_taskloom_run_fixture_uses_the_test_redis(taskloom_run: Runner, ta
     assert result.state is GoalState.SUCCEEDED, result.summary()
     async with taskloom_redis.connect() as redis:
         assert await redis.exists(taskloom_redis.keys.goal(result.goal_id))
+    assert await taskloom_redis.exists(taskloom_redis.keys.goal(result.goal_id)) == 1  # one command, no connect
+    assert not await taskloom_redis.exists("taskloom:goal:" + result.goal_id)  # nothing outside the prefix
 
 
 def test_taskloom_run_fixture_works_in_a_plain_test(taskloom_run: Runner) -> None:

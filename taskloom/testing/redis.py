@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +55,12 @@ def unique_prefix() -> str:
 @dataclass
 class TestRedis:
     """Where a test's runs keep their state: a fakeredis server, or a real server (`url`), always
-    under a key prefix of its own. `connect()` gives an arq client in the running event loop."""
+    under a key prefix of its own.
+
+    `await taskloom_redis.hgetall(key)` (any Redis command) runs one command on a connection of its
+    own, in whatever event loop awaits it; `async with taskloom_redis.connect() as redis:` gives an
+    arq client for anything more (pipelines, scans, a `taskloom.Client`).
+    """
 
     __test__ = False  # not a test class, whatever pytest thinks of the name
 
@@ -82,6 +87,16 @@ class TestRedis:
             yield redis
         finally:
             await redis.aclose(close_connection_pool=True)
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        if name.startswith("_") or not callable(getattr(ArqRedis, name, None)):
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+        async def command(*args: Any, **kwargs: Any) -> Any:
+            async with self.connect() as redis:
+                return await getattr(redis, name)(*args, **kwargs)
+
+        return command
 
     async def clear(self) -> int:
         """Delete every key of this prefix, arq's job and result keys included (on a real server
