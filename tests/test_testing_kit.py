@@ -59,6 +59,7 @@ async def test_demo_goal_runs_in_process_like_taskloom_demo() -> None:
     assert result.event_types[0] == "goal.submitted"
     assert [e.data.get("state") for e in result.events if e.type == "goal.state"][-1] == "succeeded"
     assert not result.failed_jobs
+    assert (result.id, result.plan_version, result.terminal) == (result.goal.id, 1, True)
 
 
 async def test_scripted_side_effect_tool_runs_once_and_every_call_is_metered() -> None:
@@ -90,7 +91,7 @@ async def test_per_task_critic_script_retries_with_feedback() -> None:
     model = ScriptedModel(
         planner=[plan(task("x"), task("y"))],
         executor={"x": ["first try", "second try"], "y": ["y done"]},
-        review={"x": [retry("NAME-THE-DEADLINE"), accept()]},
+        critic={"x": [retry("NAME-THE-DEADLINE"), accept()]},  # the same as review=
     )
     result = await run_goal("two tasks", model=model)
     assert result.state is GoalState.SUCCEEDED, result.summary()

@@ -98,8 +98,13 @@ class RunResult:
     failed_jobs: list[FailedJob] = field(default_factory=list)
     seconds: float = 0.0
 
+    # The goal record's fields, read through: `result.state` as `result.goal.state`.
     @property
     def goal_id(self) -> str:
+        return self.goal.id
+
+    @property
+    def id(self) -> str:
         return self.goal.id
 
     @property
@@ -109,6 +114,18 @@ class RunResult:
     @property
     def answer(self) -> str | None:
         return self.goal.answer
+
+    @property
+    def reason(self) -> str | None:
+        return self.goal.reason
+
+    @property
+    def plan_version(self) -> int:
+        return self.goal.plan_version
+
+    @property
+    def terminal(self) -> bool:
+        return self.goal.terminal
 
     @property
     def plan(self) -> StoredPlan | None:

@@ -230,9 +230,10 @@ class ScriptedModel:
 
     Each script is a list of replies (used in order) or a function `request -> reply`. `executor`
     and `review` may also map task ids to scripts, so that tasks running in parallel each follow
-    their own list. Roles left out answer by default: reviews and the goal review accept, the final
-    answer quotes the accepted results, an executor answers "<task> done". The planner has no
-    default. A request the scripts cannot answer (an unknown task, a list used up) raises
+    their own list (`critic` is another name for `review`). Roles left out answer by default:
+    reviews and the goal review accept, the final answer quotes the accepted results, an executor
+    answers "<task> done". The planner has no default. A request the scripts cannot answer (an
+    unknown task, a list used up) raises
     `UnscriptedRequest` and is kept in `problems`; `run_goal` then fails the test with it.
     """
 
@@ -246,8 +247,13 @@ class ScriptedModel:
         review: Script | Mapping[str, Script] | None = None,
         goal_review: Script | None = None,
         answer: Script | None = None,
+        critic: Script | Mapping[str, Script] | None = None,
         model: str = "scripted",
     ) -> None:
+        if critic is not None:  # the role's name, for the task reviews
+            if review is not None:
+                raise ValueError("pass the task reviews' script as review= or critic=, not both")
+            review = critic
         self.model = model
         self.scripts: dict[Role, Any] = {
             "planner": planner,
