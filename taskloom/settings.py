@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     tools: str = Field(default="", description="comma-separated module:attribute toolkits")
     # A JSON file of MCP servers whose tools join the catalog (`executor.sources.mcp`).
     mcp_config: str = Field(default="", description="path of the MCP servers file ({\"mcpServers\": ...})")
+    # Every model call this process makes is appended to this JSON-lines cassette (secrets redacted),
+    # for `taskloom.testing.ReplayModel` to replay offline in tests.
+    record: Path | None = Field(default=None, description="cassette file recording every model call")
 
     # Model calls (the anthropic SDK owns retries of 408/409/429/5xx, honouring retry-after).
     model_max_tokens: int = Field(default=1024, ge=16, le=64_000, description="max_tokens asked per model call")
@@ -116,6 +119,11 @@ class Settings(BaseSettings):
         if not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("expected a URL starting with redis://, rediss:// or unix://")
         return v
+
+    @field_validator("record", mode="before")
+    @classmethod
+    def _empty_record_is_off(cls, v: object) -> object:
+        return None if v == "" else v
 
     @field_validator("metrics_port", mode="before")
     @classmethod

@@ -61,6 +61,8 @@ class WakeableWorker(Worker):
             await super().main()
             return
         arq_logger.info("Starting worker for %d functions: %s", len(self.functions), ", ".join(self.functions))
+        # INFO only feeds a start-up log line; a server that refuses it (an ACL without INFO, or
+        # fakeredis under `taskloom.testing`) or is briefly unreachable must not stop the worker.
         with contextlib.suppress(redis.exceptions.RedisError, OSError):
             await log_redis_info(self.pool, arq_logger.info)
         self.ctx["redis"] = self.pool

@@ -49,6 +49,7 @@ from executor.sources.base import ToolSource
 from executor.sources.catalog import Catalog, ToolCatalog
 from executor.sources.toolkit import ToolkitSource
 from llm import make_model
+from llm.cassette import RecordingModel
 from llm.errors import ModelError
 from llm.port import ModelPort
 from planner.supervise import supervise
@@ -120,8 +121,10 @@ def make_ledger(settings: Settings, redis: ArqRedis) -> Ledger:
 
 
 def make_inner_model(settings: Settings) -> ModelPort:
-    """The configured model (raises `ModelConfigError` naming ANTHROPIC_API_KEY when it is missing)."""
-    return make_model(settings.model, max_retries=settings.model_max_retries, timeout=settings.model_timeout)
+    """The configured model (raises `ModelConfigError` naming ANTHROPIC_API_KEY when it is missing),
+    recording every call to the `TASKLOOM_RECORD` cassette when that is set."""
+    model = make_model(settings.model, max_retries=settings.model_max_retries, timeout=settings.model_timeout)
+    return RecordingModel(model, settings.record) if settings.record is not None else model
 
 
 def keys_for(settings: Settings) -> Keys:
