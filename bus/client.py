@@ -14,8 +14,10 @@ from typing import Any
 
 from arq.connections import ArqRedis
 from arq.constants import result_key_prefix
+from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict
 
+from . import tracing
 from .connection import connect
 from .events import EventLog
 from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
@@ -93,17 +95,27 @@ class Client:
             # Raises naming `id` if it is not a valid goal id.
             GoalRecord.model_validate({"id": goal_id, "goal": goal, "budget_tokens": 1})
         gid = goal_id or new_goal_id()
-        record = GoalRecord(id=gid, goal=goal, budget_tokens=goal.budget_tokens or self.default_budget_tokens)
-        # The books first (idempotent), so that no goal ever exists without its budget.
-        await self.ledger.open(gid, record.budget_tokens)
-        created = await self.store.create_goal(record, {"text": goal.text[:200]})
-        if not created:
-            existing = await self.store.get_goal(gid)
-            if existing.goal != goal:
-                raise AlreadyExists("goal", gid)
-        # Stored first, then enqueued: if we crash in between, the planner's reconciler finds the
-        # goal still `submitted` and enqueues it (see `reconcile`).
-        await self.jobs.enqueue(PlanJob(goal_id=gid))
+        # The goal's root span: a child of the caller's current span if there is one (the goal joins
+        # the caller's trace). Every job carries its context on, so the whole goal is one trace.
+        with tracing.span("goal", {"taskloom.goal_id": gid}, kind=SpanKind.PRODUCER):
+            record = GoalRecord(
+                id=gid,
+                goal=goal,
+                budget_tokens=goal.budget_tokens or self.default_budget_tokens,
+                traceparent=tracing.current_traceparent() or tracing.new_traceparent(),
+            )
+            # The books first (idempotent), so that no goal ever exists without its budget.
+            await self.ledger.open(gid, record.budget_tokens)
+            created = await self.store.create_goal(record, {"text": goal.text[:200]})
+            parent = None
+            if not created:
+                existing = await self.store.get_goal(gid)
+                if existing.goal != goal:
+                    raise AlreadyExists("goal", gid)
+                parent = existing.traceparent  # a re-submit continues the goal's own trace
+            # Stored first, then enqueued: if we crash in between, the planner's reconciler finds the
+            # goal still `submitted` and enqueues it (see `reconcile`).
+            await self.jobs.enqueue(PlanJob(goal_id=gid, traceparent=parent))
         return gid
 
     async def get(self, goal_id: str) -> GoalRecord:
@@ -171,6 +183,12 @@ class Client:
         `IllegalTransition` for a succeeded or cancelled goal, `NotFound` for an unknown one.
         """
         goal = await self.get(goal_id)
+        # A span in the goal's own trace, so the resumed run's jobs are not orphans.
+        with tracing.span("goal.resume", {"taskloom.goal_id": goal_id}, parent=goal.traceparent):
+            return await self._resume(goal, budget_tokens)
+
+    async def _resume(self, goal: GoalRecord, budget_tokens: int | None) -> GoalRecord:
+        goal_id = goal.id
         version = max(1, goal.plan_version)
         # The goal-level jobs of the ended run keep their deterministic ids (and arq refuses an id
         # whose result it still keeps): their results are voided with the resume.

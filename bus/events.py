@@ -20,7 +20,8 @@ FIELD = "e"  # each stream entry holds one field: the event as JSON
 
 
 def encode(event: Event) -> str:
-    return event.model_dump_json(exclude={"position"})
+    # No `trace_id` key when tracing is off: the stream stays as it was without it.
+    return event.model_dump_json(exclude={"position"} if event.trace_id else {"position", "trace_id"})
 
 
 def decode(position: bytes | str, fields: dict[Any, Any]) -> Event:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .keys import Keys
 from .schemas import GoalId, TaskId
+from .tracing import current_traceparent
 
 WAKE_MAXLEN = 100  # wake-up streams only need their latest entries
 
@@ -28,6 +29,9 @@ class JobPayload(BaseModel):
     # 0 normally; the supervisor re-drives a stranded goal or task with a new number, so that the
     # job gets a fresh id (arq refuses an id whose failed or finished result it still keeps).
     redrive: int = Field(default=0, ge=0)
+    # The W3C traceparent of the step that enqueued the job (bus.tracing): the job's span continues
+    # that trace on whichever worker runs it. Not part of the job id. Absent when tracing is off.
+    traceparent: str | None = Field(default=None, max_length=128)
 
     def id_parts(self) -> tuple[str | int, ...]:
         raise NotImplementedError
@@ -132,7 +136,12 @@ class Jobs:
 
     async def enqueue(self, job: JobPayload) -> bool:
         """Enqueue `job` on its role's queue. False when that exact job was already enqueued."""
-        payload = job.model_dump(mode="json", exclude_defaults=False)
+        if job.traceparent is None:
+            traceparent = current_traceparent()
+            if traceparent is not None:
+                job = job.model_copy(update={"traceparent": traceparent})
+        # Without a trace the payload has no `traceparent` key at all (as before tracing existed).
+        payload = job.model_dump(mode="json", exclude={"traceparent"} if job.traceparent is None else None)
         queued = await self.redis.enqueue_job(
             job.function, payload, _job_id=self.job_id(job), _queue_name=self.keys.queue(job.role)
         )

@@ -13,6 +13,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 import structlog
+from opentelemetry.trace import Span
 
 from llm.errors import (
     ModelConfigError,
@@ -26,6 +27,7 @@ from llm.estimate import estimate_input_tokens
 from llm.port import ModelPort
 from llm.types import ModelRequest, ModelResponse
 
+from . import tracing
 from .ledger import BudgetExhausted, Ledger, Reservation
 from .observe import observe
 from .retry import TroubleClock
@@ -78,21 +80,32 @@ class MeteredModel:
         return f"MeteredModel({self.inner!r}, goal_id={self.goal_id!r})"
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        # One span per call, the ledger's moves as its events (bus.tracing: GenAI conventions).
+        with tracing.model_span(self.inner.name, self.inner.model, request) as span:
+            return await self._complete(request, span)
+
+    async def _complete(self, request: ModelRequest, span: Span) -> ModelResponse:
         try:
             reservation = await self.ledger.reserve(
                 self.goal_id, estimate_input_tokens(request), request.max_tokens, model=self.inner.model
             )
-        except BudgetExhausted:
+        except BudgetExhausted as exc:
             observe(lambda o: o.budget_refused(self.inner.model))
+            headroom = exc.budget - exc.spent - exc.reserved
+            span.add_event("ledger.refused", {"requested": exc.requested, "headroom": headroom})
             raise
+        if span.is_recording():
+            await self._ledger_event(span, "ledger.reserve", reserved=reservation.amount)
         if reservation.max_tokens != request.max_tokens:
             # The output alone can then never overrun the budget: the provider stops at max_tokens.
             request = request.model_copy(update={"max_tokens": reservation.max_tokens})
+            span.set_attribute("gen_ai.request.max_tokens", reservation.max_tokens)
         response: ModelResponse | None = None
         failure: BaseException | None = None
         started = time.perf_counter()
         try:
             response = await self.inner.complete(request)
+            tracing.model_response(span, response)
             return response
         except BaseException as exc:  # cancellation included: classified in `_close`, re-raised
             failure = exc
@@ -102,6 +115,16 @@ class MeteredModel:
             # Shielded: a second cancellation must not stop the write (the reservation would still
             # be forfeited when it expires, but its tokens would be held until then).
             await _shielded(self._close(reservation, response, failure))
+            if span.is_recording() and not isinstance(failure, asyncio.CancelledError):
+                await self._ledger_event(span, *_closed_as(reservation, response, failure))
+
+    async def _ledger_event(self, span: Span, name: str, reserved: int, settled: int | None = None) -> None:
+        """A ledger move on the model span, with the goal's headroom right after it (read only when traced)."""
+        try:
+            headroom: int | None = (await self.ledger.snapshot(self.goal_id)).headroom
+        except Exception:  # a missing read costs the event one number, never the call
+            headroom = None
+        span.add_event(name, tracing.clean({"reserved": reserved, "settled": settled, "headroom": headroom}))
 
     def _observe(self, response: ModelResponse | None, failure: BaseException | None, seconds: float) -> None:
         # Labelled with the configured model id (bounded), not the id the provider echoes back.
@@ -130,6 +153,17 @@ class MeteredModel:
             # The call's result (or error) matters more than this write: the reservation stays open
             # and is forfeited at its full amount when it expires, which errs on the safe side.
             log.warning("ledger.close_failed", goal_id=self.goal_id, reservation=reservation.id, error=repr(exc))
+
+
+def _closed_as(
+    reservation: Reservation, response: ModelResponse | None, failure: BaseException | None
+) -> tuple[str, int, int]:
+    """(event name, reserved, settled) of how `_close` closes the reservation (the same rule)."""
+    if response is not None:
+        return "ledger.settle", reservation.amount, response.usage.total
+    if failure is not None and nothing_billed(failure):
+        return "ledger.release", reservation.amount, 0
+    return "ledger.forfeit", reservation.amount, reservation.amount
 
 
 # Strong references to close-writes that outlive a cancelled caller (the loop keeps only weak ones).

@@ -19,6 +19,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 # Token usage is the model port's own type: one definition for the wire, the ledger and results.
 from llm.types import Usage
 
+from .tracing import current_trace_id
+
 # Task ids appear in Redis keys, job ids and tool-call idempotency keys: keep them plain.
 TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 GOAL_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -103,6 +105,8 @@ class GoalRecord(_Model):
     resumes: int = Field(default=0, ge=0, description="times `resume` restarted it after it failed")
     answer: str | None = None
     reason: str | None = Field(default=None, description="why it failed, was cancelled or ran out")
+    # The W3C traceparent of the goal's root span (bus.tracing); None when tracing was off at submit.
+    traceparent: str | None = Field(default=None, max_length=128)
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 
@@ -231,6 +235,8 @@ class Event(_Model):
     at: datetime = Field(default_factory=utcnow)
     data: dict[str, Any] = Field(default_factory=dict)
     position: str | None = Field(default=None, description="stream id; pass it back to resume after it")
+    # The trace of the step that emitted it (bus.tracing), so an event leads to its spans.
+    trace_id: str | None = Field(default_factory=current_trace_id, description="OpenTelemetry trace id (hex)")
 
 
 # -- state machines ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import structlog
 
+import bus.tracing as tracing
 from bus.jobs import AdvanceJob, ExecuteJob, ReplanJob, ReviewGoalJob, ReviewJob
 from bus.runtime import Runtime
 from bus.schemas import Event, GoalRecord, GoalState, TaskRecord, TaskResult, TaskSpec, TaskState, Verdict
@@ -54,6 +55,7 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
     verdict, deterministic = judged
     # Attempts of earlier plan versions do not use up this version's retries.
     action = decide(verdict, task.attempt - task.first_attempt + 1, rt.limits)
+    _trace_verdict(verdict, action, deterministic)
     if await _apply(rt, goal, task, verdict, action):
         await _emit(rt, goal.id, task.task_id, verdict, action, attempt=task.attempt, deterministic=deterministic)
 
@@ -214,6 +216,7 @@ async def _final_answer(rt: Runtime, goal: GoalRecord) -> str | None:
 async def _conclude(rt: Runtime, goal: GoalRecord, answer: str, verdict: Verdict) -> None:
     # A goal cannot be "retried": any failing verdict means the plan must change.
     action: Action = "accept" if verdict.passed else "replan"
+    _trace_verdict(verdict, action, False)
     try:
         if verdict.passed:
             moved = await rt.store.transition_goal(goal.id, GoalState.SUCCEEDED, answer=answer)
@@ -227,6 +230,16 @@ async def _conclude(rt: Runtime, goal: GoalRecord, answer: str, verdict: Verdict
     log.info("review_goal.applied", action=action, moved=moved)
     if moved:
         await _emit(rt, goal.id, None, verdict, action, plan_version=goal.plan_version)
+
+
+def _trace_verdict(verdict: Verdict, action: Action, deterministic: bool) -> None:
+    """The verdict and what it leads to, on the review's span (the feedback is model text: content)."""
+    tracing.set_attributes(
+        taskloom__review__verdict="pass" if verdict.passed else "fail",
+        taskloom__review__action=action,
+        taskloom__review__deterministic=deterministic,
+        taskloom__review__feedback=tracing.content(verdict.feedback) if tracing.settings.content else None,
+    )
 
 
 def _goal_reason(feedback: str | None) -> str:

@@ -19,8 +19,10 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import structlog
+from opentelemetry.trace import Span, Status, StatusCode
 from pydantic import BaseModel, ConfigDict
 
+import bus.tracing as tracing
 from bus.events import EventLog
 from bus.observe import observe
 from bus.schemas import Event
@@ -79,6 +81,14 @@ def error_outcome(call: ToolUseBlock, outcome: Outcome, message: str, seconds: f
     return ToolOutcome(call_id=call.id, tool=call.name, outcome=outcome, content=text, full=text, seconds=seconds)
 
 
+def _trace_outcome(span: Span, outcome: ToolOutcome) -> None:
+    span.set_attribute("taskloom.tool.outcome", outcome.outcome)
+    if outcome.is_error:
+        span.set_attribute("error.type", outcome.outcome)
+        # The outcome's label only: its message may quote the arguments (personal data).
+        span.set_status(Status(StatusCode.ERROR, f"tool call {outcome.outcome}"))
+
+
 class ToolGateway:
     def __init__(
         self,
@@ -94,6 +104,7 @@ class ToolGateway:
         self.events = events
         self.output_limit = output_limit
         self.default_timeout = default_timeout
+        self._traced: set[str] = set()  # call ids whose span `invoke` opened
 
     @staticmethod
     def allowed_for(goal_tools: Iterable[str] | None, task_tools: Iterable[str]) -> set[str]:
@@ -137,6 +148,15 @@ class ToolGateway:
         self, call: ToolUseBlock, tool: CatalogTool, args: Any, ctx: ToolContext, started: float | None = None
     ) -> ToolOutcome:
         """Run an already validated call; failures become ERROR outcomes (not audited here)."""
+        self._traced.add(call.id)
+        with tracing.tool_span(call.name, call.id, call.input) as span:
+            outcome = await self._invoke(call, tool, args, ctx, started)
+            _trace_outcome(span, outcome)
+        return outcome
+
+    async def _invoke(
+        self, call: ToolUseBlock, tool: CatalogTool, args: Any, ctx: ToolContext, started: float | None
+    ) -> ToolOutcome:
         started = time.perf_counter() if started is None else started
         timeout = tool.timeout or self.default_timeout
         try:
@@ -183,6 +203,10 @@ class ToolGateway:
             "step": ctx.step,
         }
         log.info("tool.call", **data)
+        if call.id not in self._traced:
+            # Refused before it ran (not allowed, invalid arguments, denied, a repeat): still one span per call.
+            with tracing.tool_span(call.name, call.id, call.input) as span:
+                _trace_outcome(span, outcome)
         # A name the model invented is not a label value (unbounded): it is counted as "(unknown)".
         tool = call.name if outcome.outcome != "unknown_tool" else "(unknown)"
         observe(lambda o: o.tool_call(tool, outcome.outcome, outcome.seconds))

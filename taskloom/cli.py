@@ -26,9 +26,11 @@ from bus.connection import EmbeddedRedisError
 from bus.keys import ROLES
 from bus.schemas import Event, Goal, GoalRecord, GoalState
 from bus.store import IllegalTransition, NotFound
+from bus.tracing import trace_id_of
 from executor.registry import ToolLoadError
 from llm.errors import ModelConfigError
 
+from . import tracing
 from .logs import configure_logging
 from .metrics import MetricsError
 from .settings import Settings, SettingsError, load_settings
@@ -69,10 +71,14 @@ def _with_client(fn: Callable[[Client], Awaitable[T]]) -> T:
     settings = _settings()
 
     async def go() -> T:
-        async with Client.open(
-            settings.redis_url, settings.home, keys_for(settings), settings.default_budget_tokens
-        ) as client:
-            return await fn(client)
+        tracing.configure(settings)  # `submit` opens the goal's root span, `resume` one in its trace
+        try:
+            async with Client.open(
+                settings.redis_url, settings.home, keys_for(settings), settings.default_budget_tokens
+            ) as client:
+                return await fn(client)
+        finally:
+            tracing.flush()
 
     try:
         return asyncio.run(go())
@@ -118,7 +124,7 @@ def worker(
         asyncio.run(run_workers(roles, settings, burst=burst))
     except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
         _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
-    except (ModelConfigError, ToolLoadError, MetricsError) as exc:
+    except (ModelConfigError, ToolLoadError, MetricsError, tracing.TracingUnavailable) as exc:
         _fail(EXIT_INVALID, str(exc))
 
 
@@ -230,6 +236,8 @@ def status(goal_id: str, as_json: JsonOpt = False) -> None:
     out.print(f"goal: {g.goal.text}", highlight=False)
     if g.reason:
         out.print(f"reason: {g.reason}", highlight=False)
+    if trace_id_of(g.traceparent):
+        out.print(f"trace: {trace_id_of(g.traceparent)}", highlight=False)
     if s.tasks:
         table = Table("task", "state", "attempt", "reason")
         for t in s.tasks:

@@ -1,7 +1,8 @@
 """structlog set-up: JSON lines on stdout (readable console output on a terminal), secrets redacted.
 
 Context (goal_id, task_id, attempt, role, job_id, step) is bound with contextvars per job, so every
-line a job writes carries it. arq's own stdlib logging goes through the same renderer.
+line a job writes carries it, and with tracing on the current span's `trace_id` and `span_id`.
+arq's own stdlib logging goes through the same renderer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from bus.tracing import current_ids
 from llm.redact import REDACTED
 from llm.redact import SECRET_KEYS as _SECRET_KEYS
 from llm.redact import scrub as _scrub
@@ -28,12 +30,22 @@ def redact_secrets(_logger: Any, _method: str, event_dict: MutableMapping[str, A
     return event_dict
 
 
+def add_trace_ids(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: the current span's `trace_id` and `span_id`, so a log line leads to its trace."""
+    ids = current_ids()
+    if ids is not None:
+        event_dict.setdefault("trace_id", ids[0])
+        event_dict.setdefault("span_id", ids[1])
+    return event_dict
+
+
 def configure_logging(level: str = "INFO", json: bool | None = None, stream: Any = None) -> None:
     stream = stream or sys.stdout
     if json is None:
         json = not stream.isatty()
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        add_trace_ids,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

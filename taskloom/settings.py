@@ -8,6 +8,7 @@ stack trace inside a worker.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
 from pydantic import Field, ValidationError, field_validator
@@ -110,6 +111,13 @@ class Settings(BaseSettings):
     # Each worker process records a heartbeat every third of this; `taskloom health` calls a worker
     # dead once its last heartbeat is older than this (a SIGKILLed worker is noticed within it).
     heartbeat_ttl: float = Field(default=15, ge=1, le=600, description="seconds a worker heartbeat stays fresh")
+
+    # OpenTelemetry (taskloom.tracing, docs/operations.md "Tracing"): "otlp" exports spans as
+    # configured by the standard OTEL_* variables. Prompts, completions and tool arguments may hold
+    # personal data: they are recorded only when asked.
+    tracing: Literal["off", "otlp"] = Field(default="off", description="'otlp' exports traces (OTEL_* variables)")
+    trace_content: bool = Field(default=False, description="record prompts and completions on model spans")
+    trace_tool_arguments: bool = Field(default=False, description="record tool call arguments on tool spans")
 
     @field_validator("redis_url")
     @classmethod

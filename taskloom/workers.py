@@ -28,8 +28,11 @@ import structlog
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix
 from arq.worker import Function, Retry, Worker, func
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 
+import bus.tracing as tracing
 import critic.handlers as critic
 import executor.handlers as executor
 import planner.handlers as planner
@@ -56,6 +59,8 @@ from planner.supervise import supervise
 
 from . import health, metrics
 from .settings import Settings
+from .tracing import configure as configure_tracing
+from .tracing import flush as flush_traces
 from .wake import WakeableWorker
 
 log = structlog.get_logger("taskloom.worker")
@@ -164,7 +169,7 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
             log.error("job.invalid_payload", **base, function=name, errors=exc.errors(include_url=False))
             return
         fields = payload.model_dump(include={"goal_id", "task_id", "attempt"})
-        with structlog.contextvars.bound_contextvars(**base, **fields):
+        with structlog.contextvars.bound_contextvars(**base, **fields), await _job_span(ctx, name, payload):
             started = time.perf_counter()
             log.info("job.start", function=name)
             observe(lambda o: o.job_started(role, name))
@@ -182,6 +187,7 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
             except Exception as exc:
                 # Never a silent arq failure: the job runs again later, or its goal ends visibly.
                 outcome = "retry"
+                tracing.fail(trace.get_current_span(), exc)  # the span says why, whatever follows
                 try:
                     await _after_failure(ctx["runtime"], role, name, payload, exc, int(ctx.get("job_try") or 1))
                 except Retry:
@@ -199,6 +205,45 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
 
     run.__qualname__ = f"{role}.{name}"
     return func(run, name=name)
+
+
+# Span names of the jobs (a job span is one run of the job: a retry or a re-run is another span,
+# a child of the same parent in the same trace, with its own `taskloom.job_try`).
+SPAN_NAMES = {"execute": "task attempt", "review_goal": "review goal"}
+
+
+async def _job_span(ctx: dict[str, Any], name: str, payload: JobPayload) -> contextlib.AbstractContextManager[Any]:
+    """The job's span, continuing the trace of whoever enqueued it, plus its queue wait.
+
+    A job enqueued outside any span (a supervisor re-drive, a watchdog resume, an approval) carries
+    no traceparent: it continues the goal's root span from the goal record instead.
+    """
+    if not tracing.settings.enabled:
+        return contextlib.nullcontext()
+    parent = payload.traceparent
+    goal_id: str | None = getattr(payload, "goal_id", None)
+    if parent is None and goal_id is not None:
+        with contextlib.suppress(Exception):  # no goal record: the job's handler reports that
+            parent = (await ctx["runtime"].store.get_goal(goal_id)).traceparent
+    now = time.time_ns()
+    queued = ctx.get("enqueue_time")
+    queued_ns = int(queued.timestamp() * 1e9) if queued is not None else now
+    # A deferred job (arq `Retry`, `_defer_by`) is only due at its score (ms): waiting before that is not queueing.
+    due_ns = max(queued_ns, int(ctx.get("score") or 0) * 1_000_000)
+    wait = max(0, now - due_ns)
+    attrs = {
+        "taskloom.job": name,
+        "taskloom.job_id": ctx.get("job_id"),
+        "taskloom.job_try": ctx.get("job_try"),
+        "taskloom.goal_id": goal_id,
+        "taskloom.task_id": getattr(payload, "task_id", None),
+        "taskloom.attempt": getattr(payload, "attempt", None),
+        "taskloom.resume": getattr(payload, "resume", None) or None,
+        "taskloom.redrive": payload.redrive or None,
+        "taskloom.queue_wait_s": wait / 1e9,
+    }
+    tracing.queue_wait(parent, now - wait, now, name)
+    return tracing.span(SPAN_NAMES.get(name, name), attrs, kind=SpanKind.CONSUMER, parent=parent)
 
 
 async def _after_failure(rt: Runtime, role: str, name: str, payload: JobPayload, exc: Exception, tries: int) -> None:
@@ -344,7 +389,7 @@ async def run_workers(
 ) -> None:
     """Run the workers of `roles` in this process until `stop` is set, a signal arrives, or (burst) the queues drain."""
     stop = stop or asyncio.Event()
-    owned = False
+    owned = traced = False
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -354,6 +399,7 @@ async def run_workers(
     metrics_server = None
     previous_observer: Observer | None = None
     try:
+        traced = configure_tracing(settings, roles)
         catalog = load_tools(settings, with_mcp=bool({"planner", "executor"} & set(roles)))
         owned = model is None
         model = model or make_inner_model(settings)
@@ -400,6 +446,8 @@ async def run_workers(
                     raise task.exception()  # type: ignore[misc]
             log.info("worker.stopped", roles=list(roles), jobs_complete=sum(w.jobs_complete for w in workers))
     finally:
+        if traced:
+            flush_traces()  # what the batch processor still holds would be lost with the process
         if metrics_server is not None:
             metrics_server.close()
         if previous_observer is not None:
