@@ -299,7 +299,7 @@ class Store:
     # -- goals --------------------------------------------------------------------------------
     async def create_goal(self, record: GoalRecord, event_data: dict[str, Any] | None = None) -> bool:
         """Store a new goal in `submitted`; False (and nothing written) if the id exists."""
-        core = record.model_dump_json(include={"id", "goal", "budget_tokens", "created_at"})
+        core = record.model_dump_json(include={"id", "goal", "budget_tokens", "created_at", "traceparent"})
         event = Event(type="goal.submitted", goal_id=record.id, data=event_data or {})
         created = await self._create_goal(
             keys=[

@@ -44,9 +44,21 @@ class TraceSettings:
 settings = TraceSettings()
 
 
+# The global provider's tracer (a proxy until `taskloom.tracing` installs the SDK's provider, then
+# that provider's); tests swap in their own provider with `use_provider`.
+_tracer: trace.Tracer = trace.get_tracer(TRACER_NAME)
+
+
 def tracer() -> trace.Tracer:
-    # Looked up per use (cheap), so that a provider installed after import is picked up.
-    return trace.get_tracer(TRACER_NAME)
+    return _tracer
+
+
+def use_provider(provider: trace.TracerProvider | None) -> None:
+    """Send this process's spans to `provider` instead of the global one (None: back to the global)."""
+    global _tracer
+    _tracer = (provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
+    if provider is None:
+        _tracer = trace.get_tracer(TRACER_NAME)
 
 
 def current_traceparent() -> str | None:
