@@ -58,7 +58,6 @@ def configure(settings: Settings, roles: Sequence[str] = ()) -> bool:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         trace.set_tracer_provider(provider)
         _provider = provider
-        log.info("tracing.on", exporter="otlp", service=name, content=settings.trace_content)
     bt.settings.enabled = True
     return True
 

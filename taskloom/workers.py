@@ -419,6 +419,7 @@ async def run_workers(
                 embedded=settings.embedded,
                 instance=instance,
                 metrics_port=metrics_server.port if metrics_server else None,
+                tracing=settings.tracing,
             )
             mains = [asyncio.create_task(w.main(), name=f"arq-{r}") for w, r in zip(workers, roles, strict=True)]
             side = []
