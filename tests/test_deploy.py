@@ -277,3 +277,96 @@ def test_the_metrics_port_in_the_image_and_manifests_agree() -> None:
     port = configmap["data"]["TASKLOOM_METRICS_PORT"]
     assert exposed == {port}
     assert _compose()["services"]["executor"]["environment"]["TASKLOOM_METRICS_PORT"] == port
+
+
+# -- tracing (optional): OpenTelemetry Collector + Jaeger ------------------------------------------
+
+TRACING = K8S / "tracing"
+
+
+def _component_docs() -> list[dict[str, Any]]:
+    component = yaml.safe_load((TRACING / "kustomization.yaml").read_text())
+    return [doc for name in component["resources"] for doc in _yaml_docs(TRACING / name)]
+
+
+def _collector_config() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((DEPLOY / "otel-collector.yaml").read_text())
+    return doc
+
+
+def test_tracing_component_lists_its_files_and_validates_against_the_kubernetes_schemas() -> None:
+    """deploy/k8s/tracing is a kustomize Component whose manifests (collector, Jaeger) validate strictly."""
+    component = yaml.safe_load((TRACING / "kustomization.yaml").read_text())
+    assert (component["apiVersion"], component["kind"]) == ("kustomize.config.k8s.io/v1alpha1", "Component")
+    patches = {p["path"] for p in component["patches"]}
+    files = {p.name for p in TRACING.glob("*.yaml")} - {"kustomization.yaml"}
+    assert sorted([*component["resources"], *patches]) == sorted(files)
+    docs = _component_docs()
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == [
+        ("ConfigMap", "otel-collector"),
+        ("Deployment", "jaeger"),
+        ("Deployment", "otel-collector"),
+        ("Service", "jaeger"),
+        ("Service", "otel-collector"),
+    ]
+    for version in K8S_VERSIONS:
+        for doc in docs:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_collector_config_is_one_pipeline_from_otlp_to_jaeger_in_compose_and_kubernetes() -> None:
+    """The collector receives OTLP on the port the workers send to and exports to the Jaeger service's port,
+    with the same config in compose and in the component's ConfigMap."""
+    config = _collector_config()
+    (configmap,) = [d for d in _component_docs() if d["kind"] == "ConfigMap"]
+    assert yaml.safe_load(configmap["data"]["config.yaml"]) == config
+    pipeline = config["service"]["pipelines"]["traces"]
+    for section in ("receivers", "processors", "exporters"):
+        assert pipeline[section] and set(pipeline[section]) <= set(config[section]), section
+    http_port = int(config["receivers"]["otlp"]["protocols"]["http"]["endpoint"].rsplit(":", 1)[1])
+    host, jaeger_port = config["exporters"][pipeline["exporters"][0]]["endpoint"].split(":")
+    services = {d["metadata"]["name"]: d for d in _component_docs() if d["kind"] == "Service"}
+    assert http_port in [p["port"] for p in services["otel-collector"]["spec"]["ports"]]
+    assert int(jaeger_port) in [p["port"] for p in services[host]["spec"]["ports"]]
+    # The workers' endpoint: the ConfigMap patch (Kubernetes) and the compose default.
+    patch = yaml.safe_load((TRACING / "configmap-patch.yaml").read_text())
+    assert patch["data"] == {
+        "TASKLOOM_TRACING": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://otel-collector:{http_port}",
+    }
+    Settings(tracing=patch["data"]["TASKLOOM_TRACING"])
+    compose = _compose()["services"]
+    for role in ROLES:
+        env = compose[role]["environment"]
+        assert env["TASKLOOM_TRACING"] == "${TASKLOOM_TRACING:-off}"  # off unless asked
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"${{OTEL_EXPORTER_OTLP_ENDPOINT:-http://otel-collector:{http_port}}}"
+    assert compose["otel-collector"]["profiles"] == compose["jaeger"]["profiles"] == ["tracing"]
+    assert host in compose and any("otel-collector.yaml" in v for v in compose["otel-collector"]["volumes"])
+
+
+def test_the_image_installs_the_otel_extra() -> None:
+    """The image can export traces: the Dockerfile installs the `otel` extra, which pyproject defines."""
+    assert re.search(r'pip install [^\n]*"/src\[[a-z,]*\botel\b[a-z,]*\]"', (DEPLOY / "Dockerfile").read_text())
+    assert "otel" in (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1]
+
+
+def test_kubectl_kustomize_builds_the_base_with_the_tracing_component(tmp_path: Path) -> None:
+    """An overlay of the base plus the component builds offline, and every role then exports traces."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (the schema checks above still run)")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {"resources": [os.path.relpath(K8S, overlay)], "components": [os.path.relpath(TRACING, overlay)]}
+        ),
+    )
+    built = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    docs = [d for d in yaml.safe_load_all(built.stdout) if d]
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "taskloom"]
+    assert configmap["data"]["TASKLOOM_TRACING"] == "otlp"
+    assert configmap["data"]["TASKLOOM_MODEL"]  # the base's settings are kept
+    deployments = {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}
+    assert deployments == {*(f"taskloom-{r}" for r in ROLES), "otel-collector", "jaeger"}
