@@ -2,6 +2,7 @@
 and 2 executor processes, beside raw arq no-op jobs per second with as many worker processes.
 
     python -m bench.throughput [--redis-url redis://127.0.0.1:6379/0] [--goals 100] [--width 4] [--executors 1,2]
+                               [--tracing]
 
 taskloom: one planner, one critic and 1 (then 2) executor processes (`taskloom worker <role>`,
 default concurrency 10, poll delay `--poll-delay`); `--goals` goals are submitted at once, each a
@@ -14,6 +15,11 @@ The peer, in the same run: raw arq worker processes (same concurrency and poll d
 function; `--arq-jobs` jobs enqueued at once, timed until the queue is empty. Also reported: the
 worker processes' CPU time per job (from /proc) and Redis commands per job (`INFO commandstats`).
 Keys live under a unique prefix and are deleted afterwards.
+
+`--tracing`: instead of the arq peer, each executor count runs taskloom four times in the same run,
+tracing off, on, on, off (`TASKLOOM_TRACING=otlp`, every span sampled, exported over OTLP/HTTP with
+the SDK's default batching to a sink in this process that accepts and drops them), and reports
+goals/s of both and the loss.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ import argparse
 import asyncio
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from bench._harness import (
     DEFAULT_REDIS,
@@ -70,10 +78,43 @@ def cpu_seconds(procs: Sequence[subprocess.Popen[bytes]]) -> float:
     return total / ticks
 
 
-async def taskloom(bench: Bench, executors: int, goals: int, width: int, poll_delay: float, round_: int) -> Result:
+class SpanSink:
+    """An OTLP/HTTP endpoint on loopback that accepts every export and drops it (counting bytes)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.exports = 0
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                sink.bytes += len(body)
+                sink.exports += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def taskloom(
+    bench: Bench, executors: int, goals: int, width: int, poll_delay: float, round_: int, traces: str | None = None
+) -> Result:
+    """`traces`: an OTLP endpoint to export spans to (tracing on), None for tracing off."""
     with FakeAnthropicServer() as fake:
         fake.respond_with(Responder(delay=0.0))
-        env = worker_env(bench, poll_delay=poll_delay, base_url=fake.base_url)
+        tracing = {"TASKLOOM_TRACING": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": traces} if traces else {}
+        env = worker_env(bench, poll_delay=poll_delay, base_url=fake.base_url, **tracing)
         procs: list[subprocess.Popen[bytes]] = []
         try:
             for role in ["planner", "critic"] + ["executor"] * executors:
@@ -129,6 +170,56 @@ async def run(url: str, goals: int, width: int, executors: list[int], arq_jobs: 
     return report(where, goals, width, poll_delay, rows)
 
 
+def _sum(results: list[Result]) -> Result:
+    """Several runs as one: their goals, jobs, seconds, CPU and commands added up."""
+    return Result(
+        results[0].processes,
+        sum(r.seconds for r in results),
+        sum(r.goals for r in results),
+        sum(r.tasks for r in results),
+        sum(r.jobs for r in results),
+        sum(r.cpu for r in results),
+        sum(r.commands for r in results),
+        sum(r.own_cpu for r in results),
+    )
+
+
+async def run_tracing(url: str, goals: int, width: int, executors: list[int], poll_delay: float) -> str:
+    sink = SpanSink()
+    try:
+        async with bench_redis(url, "throughput") as bench:
+            where = await machine(bench.redis, bench.where)
+            rows = []
+            for i, n in enumerate(executors):
+                # off, on, on, off: a load that drifts during the run (a shared machine) weighs on both alike.
+                runs: dict[bool, list[Result]] = {False: [], True: []}
+                before = sink.bytes
+                for j, on in enumerate((False, True, True, False)):
+                    traces = sink.endpoint if on else None
+                    runs[on].append(await taskloom(bench, n, goals, width, poll_delay, 4 * i + j, traces=traces))
+                rows.append((_sum(runs[False]), _sum(runs[True]), sink.bytes - before))
+    finally:
+        sink.close()
+    lines = [
+        where,
+        f"{goals} goals submitted at once, each {width} parallel tasks of a 2-step tool loop "
+        f"({2 + 3 * width} jobs, {3 + 3 * width} model calls per goal); zero-latency fake Messages API; "
+        f"poll delay {poll_delay:g} s, concurrency 10 per worker; tracing on = every span sampled and exported",
+        "",
+        "| executor processes | goals/s tracing off | goals/s tracing on | loss | worker CPU ms per job: off / on "
+        "| Redis commands per job: off / on | OTLP KB exported per goal |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for off, on, sent in rows:
+        g_off, g_on = off.goals / off.seconds, on.goals / on.seconds
+        lines.append(
+            f"| {off.processes} (+1 planner, +1 critic) | {g_off:.1f} | {g_on:.1f} | {(1 - g_on / g_off) * 100:.1f}% | "
+            f"{off.cpu / off.jobs * 1000:.1f} / {on.cpu / on.jobs * 1000:.1f} | "
+            f"{off.commands / off.jobs:.1f} / {on.commands / on.jobs:.1f} | {sent / on.goals / 1024:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def report(where: str, goals: int, width: int, poll_delay: float, rows: list[tuple[Result, Result]]) -> str:
     lines = [
         where,
@@ -162,11 +253,15 @@ def main() -> None:
     parser.add_argument("--executors", default="1,2", help="executor process counts to measure")
     parser.add_argument("--arq-jobs", type=int, default=3000)
     parser.add_argument("--poll-delay", type=float, default=0.05)
+    parser.add_argument("--tracing", action="store_true", help="compare tracing off and on (instead of raw arq)")
     args = parser.parse_args()
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     executors = [int(n) for n in args.executors.split(",")]
-    table = asyncio.run(run(args.redis_url, args.goals, args.width, executors, args.arq_jobs, args.poll_delay))
+    if args.tracing:
+        table = asyncio.run(run_tracing(args.redis_url, args.goals, args.width, executors, args.poll_delay))
+    else:
+        table = asyncio.run(run(args.redis_url, args.goals, args.width, executors, args.arq_jobs, args.poll_delay))
     print(f"{started:%Y-%m-%d %H:%M} UTC, {time.perf_counter() - t0:.1f} s\n{table}")
 
 

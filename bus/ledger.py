@@ -225,6 +225,8 @@ class Reservation(BaseModel):
     expires_at: float = Field(description="Redis time (epoch seconds) after which it is forfeited")
     pools: tuple[str, ...] = ()
     model: str | None = None
+    # What the tightest books (the goal or one of its pools) had left once this was set aside.
+    headroom: int | None = None
 
 
 class LedgerSnapshot(BaseModel):
@@ -367,7 +369,7 @@ return 1
 # KEYS: goal books, open hash, expiry zset.
 # ARGV: reservation id, input estimate, max_tokens, min output, ttl, input and output price
 #       (micro-USD per million tokens), pool key prefix, sweep batch.
-# Returns {'ok', max_tokens, amount, expires_at, pools} | {'missing'}
+# Returns {'ok', max_tokens, amount, expires_at, pools, headroom left} | {'missing'}
 #       | {'refused', pool name or '', budget, spent, reserved, requested}
 _RESERVE = (
     _LIB
@@ -414,7 +416,8 @@ for i = 2, #books do rec[#rec + 1] = books[i] end
 local expires = t + tonumber(ARGV[5])
 redis.call('HSET', KEYS[2], ARGV[1], table.concat(rec, '\\n'))
 redis.call('ZADD', KEYS[3], string.format('%.6f', expires), ARGV[1])
-return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or ''}
+return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or '',
+        tostring(lim.headroom - amount)}
 """
 )
 
@@ -540,6 +543,7 @@ class Ledger:
             expires_at=float(_s(out[3])),
             pools=tuple(p for p in _s(out[4]).split("\n") if p),
             model=model,
+            headroom=int(_s(out[5])),
         )
 
     async def settle(self, reservation: Reservation, usage: Usage, *, model: str | None = None) -> bool:

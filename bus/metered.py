@@ -95,7 +95,8 @@ class MeteredModel:
             span.add_event("ledger.refused", {"requested": exc.requested, "headroom": headroom})
             raise
         if span.is_recording():
-            await self._ledger_event(span, "ledger.reserve", reserved=reservation.amount)
+            reserve = {"reserved": reservation.amount, "headroom": reservation.headroom}
+            span.add_event("ledger.reserve", tracing.clean(reserve))
         if reservation.max_tokens != request.max_tokens:
             # The output alone can then never overrun the budget: the provider stops at max_tokens.
             request = request.model_copy(update={"max_tokens": reservation.max_tokens})
@@ -115,16 +116,8 @@ class MeteredModel:
             # Shielded: a second cancellation must not stop the write (the reservation would still
             # be forfeited when it expires, but its tokens would be held until then).
             await _shielded(self._close(reservation, response, failure))
-            if span.is_recording() and not isinstance(failure, asyncio.CancelledError):
-                await self._ledger_event(span, *_closed_as(reservation, response, failure))
-
-    async def _ledger_event(self, span: Span, name: str, reserved: int, settled: int | None = None) -> None:
-        """A ledger move on the model span, with the goal's headroom right after it (read only when traced)."""
-        try:
-            headroom: int | None = (await self.ledger.snapshot(self.goal_id)).headroom
-        except Exception:  # a missing read costs the event one number, never the call
-            headroom = None
-        span.add_event(name, tracing.clean({"reserved": reserved, "settled": settled, "headroom": headroom}))
+            if span.is_recording():
+                span.add_event(*_closed_as(reservation, response, failure))
 
     def _observe(self, response: ModelResponse | None, failure: BaseException | None, seconds: float) -> None:
         # Labelled with the configured model id (bounded), not the id the provider echoes back.
@@ -157,13 +150,23 @@ class MeteredModel:
 
 def _closed_as(
     reservation: Reservation, response: ModelResponse | None, failure: BaseException | None
-) -> tuple[str, int, int]:
-    """(event name, reserved, settled) of how `_close` closes the reservation (the same rule)."""
+) -> tuple[str, dict[str, int]]:
+    """The span event of how `_close` closes the reservation (the same rule): reserved, settled, headroom.
+
+    The headroom is the reservation's plus what settling gave back: exact unless another call of
+    the same goal moved the books meanwhile (no extra Redis read on the model call's path).
+    """
+    reserved = reservation.amount
     if response is not None:
-        return "ledger.settle", reservation.amount, response.usage.total
-    if failure is not None and nothing_billed(failure):
-        return "ledger.release", reservation.amount, 0
-    return "ledger.forfeit", reservation.amount, reservation.amount
+        name, settled = "ledger.settle", response.usage.total
+    elif failure is not None and nothing_billed(failure):
+        name, settled = "ledger.release", 0
+    else:
+        name, settled = "ledger.forfeit", reserved
+    attrs = {"reserved": reserved, "settled": settled}
+    if reservation.headroom is not None:
+        attrs["headroom"] = reservation.headroom + reserved - settled
+    return name, attrs
 
 
 # Strong references to close-writes that outlive a cancelled caller (the loop keeps only weak ones).
