@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextvars
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import httpx2
@@ -267,6 +267,7 @@ class AnthropicModel:
             timeout=httpx2.Timeout(timeout, connect=min(timeout, 5.0)),
             middleware=[_record_attempt],
             _strict_response_validation=strict_validation,
+            open_telemetry=_sdk_telemetry(),
         )
 
     def __repr__(self) -> str:
@@ -290,3 +291,13 @@ class AnthropicModel:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _sdk_telemetry() -> Literal[False] | None:
+    """The SDK's own OpenTelemetry spans: off unless `ANTHROPIC_OPEN_TELEMETRY=true` asks for them.
+
+    taskloom's span of each model call (bus.metered) already carries the GenAI attributes; the SDK's
+    spans, one per HTTP attempt, would double the tracing cost of a call and send the trace context
+    to the provider in request headers. Asked for, every `ANTHROPIC_OPEN_TELEMETRY_*` variable applies.
+    """
+    return None if os.environ.get("ANTHROPIC_OPEN_TELEMETRY", "").strip().lower() == "true" else False
