@@ -198,6 +198,8 @@ async def run_tracing(url: str, goals: int, width: int, executors: list[int], po
                     traces = sink.endpoint if on else None
                     runs[on].append(await taskloom(bench, n, goals, width, poll_delay, 4 * i + j, traces=traces))
                 rows.append((_sum(runs[False]), _sum(runs[True]), sink.bytes - before))
+                each = ", ".join(f"{'on' if on else 'off'} {r.goals / r.seconds:.2f}" for on in runs for r in runs[on])
+                print(f"{n} executor(s), goals/s of each run: {each}", flush=True)
     finally:
         sink.close()
     lines = [

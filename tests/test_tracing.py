@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from arq.connections import ArqRedis
+from helpers import run_cli
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,6 +25,7 @@ from bus.jobs import Jobs, PlanJob, parse_payload
 from bus.keys import Keys
 from bus.ledger import BudgetExhausted, Ledger
 from bus.metered import MeteredModel
+from bus.schemas import GoalState
 from executor.gateway import ToolGateway
 from executor.registry import ToolRegistry
 from executor.sources.base import ToolContext
@@ -282,3 +284,28 @@ async def test_a_goal_run_is_one_trace_with_a_parent_chain(spans: InMemorySpanEx
     assert len(_named(spans, "queue wait")) == len(jobs) > 0
     traced = [e for e in result.events if e.trace_id is not None]
     assert traced and {e.trace_id for e in traced} == {f"{finished[0].context.trace_id:032x}"}
+
+
+async def test_resume_continues_the_goals_trace(spans: InMemorySpanExporter, redis: ArqRedis, keys: Keys) -> None:
+    """`resume` of a failed goal is a `goal.resume` span in the goal's trace, and its plan job carries it on."""
+    client = Client(redis, keys, 10_000)
+    gid = await client.submit("Say hi.")
+    record = await client.get(gid)
+    await client.store.transition_goal(gid, GoalState.FAILED, reason="provider down")
+    await client.resume(gid)
+    (resume,) = _named(spans, "goal.resume")
+    assert f"{resume.context.trace_id:032x}" == bt.trace_id_of(record.traceparent)
+    (_, plan, _) = (await Jobs(redis, keys).drivers(gid))["goal"]
+    assert plan is not None and plan.redrive and (plan.traceparent or "").startswith(
+        f"00-{resume.context.trace_id:032x}-{resume.context.span_id:016x}-"
+    )
+
+
+async def test_status_prints_the_trace_id(redis: ArqRedis, keys: Keys, subprocess_env: dict[str, str]) -> None:
+    """`taskloom status` shows the goal's trace id, the key to its trace in any viewer."""
+    client = Client(redis, keys, 10_000)
+    gid = await client.submit("Say hi.")
+    trace_id = bt.trace_id_of((await client.get(gid)).traceparent)
+    shown = run_cli("status", gid, env=subprocess_env)
+    assert shown.returncode == 0, shown.stderr
+    assert f"trace: {trace_id}" in shown.stdout
