@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
+import traceback
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -19,6 +22,11 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+
+try:  # typer >= 0.22 vendors click; its usage errors are these classes, not the `click` package's
+    from typer._click import exceptions as cli_errors
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click import exceptions as cli_errors  # type: ignore[no-redef]
 
 from bus.client import Client, GoalStatus, WaitTimeout
 from bus.connection import EmbeddedRedisError
@@ -31,6 +39,7 @@ from llm.errors import ModelConfigError
 from .logs import configure_logging
 from .metrics import MetricsError
 from .settings import Settings, SettingsError, load_settings
+from .terminal import clean, line
 from .workers import keys_for, run_workers
 
 app = typer.Typer(
@@ -38,6 +47,7 @@ app = typer.Typer(
     help="Run AI agents as a fleet of workers: planner, executors and critic over Redis queues.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,  # main() turns unexpected errors into one line (see _unexpected)
 )
 out = Console()
 err = Console(stderr=True)
@@ -52,9 +62,20 @@ EXIT_TIMEOUT = 4
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 
+def show(*parts: str | tuple[str, str], console: Console | None = None) -> None:
+    """Print `line(*parts)`; long lines are not re-wrapped (answers are copied and piped)."""
+    (console or out).print(line(*parts), soft_wrap=True, highlight=False)
+
+
 def _fail(code: int, message: str) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    """The one error exit: `error: <message>` on one stderr line, then exit `code`."""
+    one_line = " ".join(clean(message).split("\n"))
+    err.print(line(("error:", "bold red"), " ", one_line), soft_wrap=True, highlight=False)
     raise typer.Exit(code)
+
+
+def _warn(message: str) -> None:
+    err.print(line(("warning:", "bold yellow"), " ", message), soft_wrap=True, highlight=False)
 
 
 def _settings() -> Settings:
@@ -163,9 +184,9 @@ def health(
         _print_json(report.as_json())
     elif report.ok:
         live = "; ".join(f"{r}: {sum(b.alive for b in beats)} live" for r, beats in report.roles.items())
-        out.print(f"ok: Redis answers; {live}", highlight=False, soft_wrap=True)
+        show(f"ok: Redis answers; {live}")
     else:  # one line, never wrapped: probes and their logs read it
-        err.print("[bold red]unhealthy:[/] " + "; ".join(report.reasons), highlight=False, soft_wrap=True)
+        show(("unhealthy:", "bold red"), " ", "; ".join(report.reasons), console=err)
     raise typer.Exit(0 if report.ok else EXIT_NOT_FOUND)
 
 
@@ -206,7 +227,7 @@ def submit(
     if as_json:
         _print_json({"goal_id": gid})
     else:
-        out.print(gid)
+        show(gid)
 
 
 def _status_json(s: GoalStatus) -> dict[str, Any]:
@@ -225,17 +246,17 @@ def status(goal_id: str, as_json: JsonOpt = False) -> None:
         _print_json(_status_json(s))
         return
     g = s.goal
-    out.print(f"[bold]{g.id}[/]  [cyan]{g.state.value}[/]  budget {g.budget_tokens:,} tokens  plan v{g.plan_version}")
-    out.print(f"goal: {g.goal.text}", highlight=False)
+    show((g.id, "bold"), "  ", (g.state.value, "cyan"), f"  budget {g.budget_tokens:,} tokens  plan v{g.plan_version}")
+    show("goal: ", g.goal.text)
     if g.reason:
-        out.print(f"reason: {g.reason}", highlight=False)
+        show("reason: ", g.reason)
     if s.tasks:
         table = Table("task", "state", "attempt", "reason")
         for t in s.tasks:
-            table.add_row(t.task_id, t.state.value, str(t.attempt), t.reason or "")
+            table.add_row(line(t.task_id), t.state.value, str(t.attempt), line(t.reason or ""))
         out.print(table)
     if g.answer:
-        out.print(f"\n[bold]answer[/]\n{g.answer}", highlight=False)
+        show("\n", ("answer", "bold"), "\n", g.answer)
 
 
 def _goal_exit(goal: GoalRecord) -> int:
@@ -258,11 +279,11 @@ def wait(
     if as_json:
         _print_json(goal.model_dump(mode="json"))
     else:
-        out.print(f"{goal.id} {goal.state.value}")
+        show(f"{goal.id} {goal.state.value}")
         if goal.answer:
-            out.print(goal.answer, highlight=False)
+            show(goal.answer)
         elif goal.reason:
-            out.print(goal.reason, highlight=False)
+            show(goal.reason)
     raise typer.Exit(_goal_exit(goal))
 
 
@@ -286,7 +307,7 @@ def events(
             if as_json:
                 _print_json(e.model_dump(mode="json"))
             else:
-                out.print(f"{e.position}  {_event_line(e)}", highlight=False)
+                show(f"{e.position}  {_event_line(e)}")
 
     _with_client(go)
 
@@ -300,14 +321,14 @@ def watch(goal_id: str, as_json: JsonOpt = False) -> None:
             if as_json:
                 _print_json(e.model_dump(mode="json"))
             else:
-                out.print(_event_line(e), highlight=False)
+                show(_event_line(e))
         return await c.get(goal_id)
 
     goal = _with_client(go)
     if not as_json:
-        out.print(f"[bold]{goal.state.value}[/]")
+        show((goal.state.value, "bold"))
         if goal.answer:
-            out.print(goal.answer, highlight=False)
+            show(goal.answer)
     raise typer.Exit(_goal_exit(goal))
 
 
@@ -325,7 +346,7 @@ def cancel(
     if as_json:
         _print_json({"goal_id": goal_id, "cancelled": True, "changed": changed})
     else:
-        out.print(f"{goal_id} cancelled" if changed else f"{goal_id} was already cancelled")
+        show(f"{goal_id} cancelled" if changed else f"{goal_id} was already cancelled")
 
 
 @app.command()
@@ -346,9 +367,9 @@ def ledger(goal_id: str, as_json: JsonOpt = False) -> None:
     table.add_row("spent", f"{snap.spent:,}")
     table.add_row("reserved", f"{snap.reserved:,} ({snap.open} open)")
     table.add_row("headroom", f"{snap.headroom:,}")
-    out.print(f"[bold]{goal_id}[/]  {snap.calls} calls  ${snap.cost_usd:.4f}  {snap.refusals} refused", highlight=False)
+    show((goal_id, "bold"), f"  {snap.calls} calls  ${snap.cost_usd:.4f}  {snap.refusals} refused")
     if snap.pools:
-        out.print(f"pools: {', '.join(snap.pools)}", highlight=False)
+        show(f"pools: {', '.join(snap.pools)}")
     out.print(table)
 
 
@@ -371,11 +392,11 @@ def _run(goal: Goal, settings: Settings, local: bool, as_json: bool, timeout: fl
         _print_json(summary(record, books))
     else:
         spent = f"{books.spent:,} of {books.budget:,} tokens (${books.cost_usd:.4f})" if books else ""
-        out.print(f"\n[bold]{record.state.value}[/]  {spent}")
+        show("\n", (record.state.value, "bold"), f"  {spent}")
         if record.answer:
-            out.print(f"\n[bold]answer[/]\n{record.answer}", highlight=False)
+            show("\n", ("answer", "bold"), "\n", record.answer)
         elif record.reason:
-            out.print(f"reason: {record.reason}", highlight=False)
+            show("reason: ", record.reason)
     raise typer.Exit(_goal_exit(record))
 
 
@@ -462,11 +483,80 @@ def _decide(goal_id: str, call_id: str, approved: bool, reason: str, as_json: bo
         _print_json({"goal_id": goal_id, "call_id": call_id, "approved": approved, "first_decision": first})
     else:
         verb = "approved" if approved else "denied"
-        out.print(f"{call_id} {verb}" if first else f"{call_id} was already decided; nothing changed")
+        show(f"{call_id} {verb}" if first else f"{call_id} was already decided; nothing changed")
 
 
-def main() -> None:
-    app()
+# -- the process: one error path, no traceback unless asked, signals --------------------------------
+
+_debug = False
+
+
+def _env_debug() -> bool:
+    return os.environ.get("TASKLOOM_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@app.callback()
+def _root(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="print the traceback of an unexpected error (or TASKLOOM_DEBUG=1)")
+    ] = False,
+) -> None:
+    global _debug
+    _debug = _debug or debug
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    """SIGTERM ends a command as Ctrl-C does: the running coroutine is cancelled, so connections close
+    and the embedded redis-server is stopped by its last user (a default SIGTERM would kill us first)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    signal.raise_signal(signal.SIGINT) if signal.getsignal(signal.SIGINT) is not None else None
+
+
+def _cwd_on_path() -> None:
+    """Toolkits in the current directory import as they do with `python -m` (uvicorn does the same)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def main(argv: list[str] | None = None) -> None:
+    global _debug
+    _debug = _env_debug()
+    _cwd_on_path()
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+    try:
+        rv = app(args=argv, prog_name="taskloom", standalone_mode=False)
+    except cli_errors.NoArgsIsHelpError as exc:
+        if exc.ctx is not None:
+            sys.stdout.write(exc.ctx.get_help() + "\n")
+        sys.exit(EXIT_INVALID)
+    except cli_errors.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        _exit_with(EXIT_INVALID, exc.format_message() + hint)
+    except typer.Abort:
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:
+        _unexpected(exc)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _exit_with(code: int, message: str) -> NoReturn:
+    try:
+        _fail(code, message)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+
+
+def _unexpected(exc: BaseException) -> NoReturn:
+    """A bug or an unforeseen failure: one line naming it; the traceback only with --debug."""
+    if _debug:
+        traceback.print_exception(exc)
+        sys.exit(1)
+    name = type(exc).__name__
+    _exit_with(1, f"unexpected {name}: {exc} (run with --debug or TASKLOOM_DEBUG=1 to see the traceback)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.text import Text
 from rich.tree import Tree
 
 from bus.client import Client, GoalStatus
@@ -24,6 +23,7 @@ from bus.schemas import Goal, GoalRecord, TaskState
 from llm.port import ModelPort
 
 from .settings import Settings
+from .terminal import clean, line
 from .workers import keys_for, run_workers
 
 STATE_STYLE = {
@@ -43,7 +43,7 @@ STATE_STYLE = {
 def render(status: GoalStatus, ledger: LedgerSnapshot | None, elapsed: float) -> Group:
     goal = status.goal
     spent = f"{ledger.spent:,} / {ledger.budget:,} tokens" if ledger else f"budget {goal.budget_tokens:,}"
-    head = Text.assemble(
+    head = line(
         (f"{goal.id[:12]} ", "bold"),
         (goal.state.value, "bold cyan"),
         f"  plan v{goal.plan_version}  {spent}  {elapsed:5.1f}s",
@@ -56,8 +56,16 @@ def render(status: GoalStatus, ledger: LedgerSnapshot | None, elapsed: float) ->
         state = rec.state if rec else TaskState.PENDING
         deps = f" (after {', '.join(spec.depends_on)})" if spec.depends_on else ""
         attempt = f" attempt {rec.attempt}" if rec and rec.attempt > 1 else ""
-        tree.add(Text.assemble((f"{state.value:<16}", STATE_STYLE[state]), f"{task_id}: {spec.title}{deps}{attempt}"))
+        node = tree.add(line((f"{state.value:<16}", STATE_STYLE[state]), f"{task_id}: {spec.title}{deps}{attempt}"))
+        if rec is not None and rec.feedback:
+            # Why the critic sent it back: the retry path is the point of watching a goal live.
+            node.add(line(("critic: ", "bold magenta"), _one_line(rec.feedback)))
     return Group(tree)
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    flat = " ".join(clean(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 async def follow(client: Client, goal_id: str, console: Console, timeout: float | None) -> GoalRecord:
@@ -104,7 +112,7 @@ async def run_goal(
             workers = asyncio.create_task(run_workers(list(ROLES), settings, stop=stop, model=model))
         try:
             goal_id = await client.submit(goal)
-            console.print(f"goal [bold]{goal_id}[/]: {goal.text}", highlight=False)
+            console.print(line("goal ", (goal_id, "bold"), ": ", goal.text), highlight=False, soft_wrap=True)
             record = await follow(client, goal_id, console, timeout)
             try:
                 books: LedgerSnapshot | None = await Ledger(redis, client.keys).snapshot(goal_id)
