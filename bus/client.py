@@ -166,6 +166,11 @@ class Client:
         raw = await self.redis.hgetall(self.keys.approval_requests(goal_id))  # type: ignore[misc]
         return {_s(k): json.loads(v) for k, v in raw.items()}
 
+    async def decision(self, goal_id: str, call_id: str) -> str | None:
+        """The decision recorded for a tool call: "approved", "denied:<reason>", or None if undecided."""
+        raw = await self.redis.hget(self.keys.approvals(goal_id), call_id)  # type: ignore[misc]
+        return None if raw is None else _s(raw)
+
     async def decide(self, goal_id: str, call_id: str, approved: bool, reason: str = "") -> bool:
         """Approve or deny a tool call awaiting approval, and resume its task.
 
@@ -174,6 +179,8 @@ class Client:
         """
         requests = await self.approvals(goal_id)
         if call_id not in requests:
+            if await self.decision(goal_id, call_id) is not None:
+                return False  # decided before (the request is removed once decided)
             raise NotFound("approval request", f"{goal_id}/{call_id}")
         req = requests[call_id]
         decision = "approved" if approved else f"denied:{reason}"

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
+import re
 import signal
 import sys
 import traceback
@@ -31,8 +33,8 @@ except ImportError:  # pragma: no cover - older typer on the real click
 from bus.client import Client, GoalStatus, WaitTimeout
 from bus.connection import EmbeddedRedisError
 from bus.keys import ROLES
-from bus.schemas import Event, Goal, GoalRecord, GoalState
-from bus.store import IllegalTransition, NotFound
+from bus.schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, GoalState
+from bus.store import AlreadyExists, CorruptRecord, IllegalTransition, NotFound
 from executor.registry import ToolLoadError
 from llm.errors import ModelConfigError
 
@@ -62,6 +64,57 @@ EXIT_TIMEOUT = 4
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 
+# -- option checks: a bad value is a usage error naming the option (exit 2, one line) -------------
+
+
+def _seconds(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"expected a finite number of seconds >= 0, got {value:g}")
+    return value
+
+
+def _log_level(value: str) -> str:
+    if value.upper() not in LOG_LEVELS:
+        raise typer.BadParameter(f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return value.upper()
+
+
+def _position(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"\d+(-\d+)?", value):
+        raise typer.BadParameter(f"expected a position like 1718000000000-0 (from a previous read), got {value!r}")
+    return value
+
+
+def _goal_id_option(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(GOAL_ID_PATTERN, value):
+        raise typer.BadParameter(f"expected 1-64 letters, digits, '_' or '-', got {value!r}")
+    return value
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+TimeoutOpt = Annotated[
+    float | None, typer.Option("--timeout", help="seconds; default: no limit", callback=_seconds)
+]
+GoalText = Annotated[
+    str, typer.Argument(help="the goal in natural language; '-' reads it from stdin, '@FILE' from a file")
+]
+
+
+def _goal_text(value: str) -> str:
+    """The goal argument: text, '-' for stdin, or '@path' for a file (as curl and kubectl read input)."""
+    if value == "-":
+        return sys.stdin.read()
+    if value.startswith("@") and len(value) > 1:
+        path = value[1:]
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            _fail(EXIT_INVALID, f"GOAL: cannot read {path!r}: {reason}")
+    return value
+
+
 def show(*parts: str | tuple[str, str], console: Console | None = None) -> None:
     """Print `line(*parts)`; long lines are not re-wrapped (answers are copied and piped)."""
     (console or out).print(line(*parts), soft_wrap=True, highlight=False)
@@ -85,8 +138,28 @@ def _settings() -> Settings:
         _fail(EXIT_INVALID, str(exc))
 
 
-def _with_client(fn: Callable[[Client], Awaitable[T]]) -> T:
-    settings = _settings()
+def _guarded(fn: Callable[[], T]) -> T:
+    """Run `fn`, turning the errors every command can meet into the one error exit."""
+    try:
+        return fn()
+    except WaitTimeout:
+        raise  # a TimeoutError, hence an OSError: not a connection problem; the caller reports it
+    except NotFound as exc:
+        _fail(EXIT_NOT_FOUND, str(exc))
+    except CorruptRecord as exc:
+        _fail(EXIT_NOT_FOUND, str(exc))
+    except AlreadyExists as exc:
+        _fail(EXIT_INVALID, f"--id: {exc} with a different goal; choose another id or submit the same goal")
+    except (ModelConfigError, ToolLoadError, MetricsError) as exc:
+        _fail(EXIT_INVALID, str(exc))
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, EmbeddedRedisError, OSError) as exc:
+        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
+    except redis.exceptions.ResponseError as exc:
+        _fail(EXIT_NOT_FOUND, f"Redis refused a command (a key holds data of another kind?): {exc}")
+
+
+def _with_client(fn: Callable[[Client], Awaitable[T]], settings: Settings | None = None) -> T:
+    settings = settings or _settings()
 
     async def go() -> T:
         async with Client.open(
@@ -94,16 +167,7 @@ def _with_client(fn: Callable[[Client], Awaitable[T]]) -> T:
         ) as client:
             return await fn(client)
 
-    try:
-        return asyncio.run(go())
-    except WaitTimeout:
-        raise  # a TimeoutError, hence an OSError: not a connection problem; the caller reports it
-    except NotFound as exc:
-        _fail(EXIT_NOT_FOUND, str(exc))
-    except ValidationError as exc:
-        _fail(EXIT_INVALID, _validation_message(exc))
-    except (redis.exceptions.ConnectionError, EmbeddedRedisError, OSError) as exc:
-        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
+    return _guarded(lambda: asyncio.run(go()))
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -126,7 +190,7 @@ def _print_json(obj: Any) -> None:
 def worker(
     role: Annotated[str, typer.Argument(help="planner | executor | critic | all")],
     burst: Annotated[bool, typer.Option(help="exit once the queues are empty")] = False,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR", callback=_log_level)] = "INFO",
 ) -> None:
     """Run a worker process for one role, or all three roles in one process."""
     roles = list(ROLES) if role == "all" else [role]
@@ -134,12 +198,7 @@ def worker(
         _fail(EXIT_INVALID, f"unknown role {role!r}; expected one of: {', '.join(ROLES)}, all")
     settings = _settings()
     configure_logging(log_level)
-    try:
-        asyncio.run(run_workers(roles, settings, burst=burst))
-    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
-        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
-    except (ModelConfigError, ToolLoadError, MetricsError) as exc:
-        _fail(EXIT_INVALID, str(exc))
+    _guarded(lambda: asyncio.run(run_workers(roles, settings, burst=burst)))
 
 
 @app.command()
@@ -148,7 +207,7 @@ def health(
         list[str] | None, typer.Option("--role", help="planner | executor | critic | all (repeatable; default all)")
     ] = None,
     local: Annotated[bool, typer.Option("--local", help="only workers on this host (container probes)")] = False,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for Redis")] = 5.0,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for Redis (> 0)", callback=_seconds)] = 5.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Exit 0 if Redis answers and each role has a worker with a fresh heartbeat; else 1 with the reason."""
@@ -163,6 +222,8 @@ def health(
     wanted = [r for name in (role or ["all"]) for r in (ROLES if name == "all" else [name])]
     if any(r not in ROLES for r in wanted):
         _fail(EXIT_INVALID, f"--role: expected one of {', '.join(ROLES)}, all; got {', '.join(role or [])}")
+    if timeout <= 0:
+        _fail(EXIT_INVALID, f"--timeout: expected a number of seconds > 0, got {timeout:g}")
     settings = _settings()
     # With no TASKLOOM_REDIS_URL, look for the embedded server without starting one: a health check
     # that started a fresh, empty Redis would only hide the problem.
@@ -192,16 +253,20 @@ def health(
 
 @app.command()
 def submit(
-    text: Annotated[str, typer.Argument(help="the goal, in natural language")],
+    text: GoalText,
     dod: Annotated[str, typer.Option("--dod", help="definition of done")] = "",
     budget: Annotated[int | None, typer.Option(help="token budget (default: TASKLOOM_DEFAULT_BUDGET_TOKENS)")] = None,
     tool: Annotated[list[str] | None, typer.Option("--tool", help="allowed tool (repeatable; default all)")] = None,
     meta: Annotated[list[str] | None, typer.Option("--meta", help="metadata KEY=VALUE (repeatable)")] = None,
     deadline: Annotated[str | None, typer.Option(help="ISO 8601 time with zone, e.g. 2026-10-13T18:00Z")] = None,
-    goal_id: Annotated[str | None, typer.Option("--id", help="your own goal id (makes re-submitting safe)")] = None,
+    goal_id: Annotated[
+        str | None,
+        typer.Option("--id", help="your own goal id (makes re-submitting safe)", callback=_goal_id_option),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a goal; prints its id."""
+    text = _goal_text(text)
     metadata: dict[str, str] = {}
     for item in meta or []:
         key, sep, value = item.partition("=")
@@ -223,27 +288,50 @@ def submit(
         goal = Goal.model_validate(raw)
     except ValidationError as exc:
         _fail(EXIT_INVALID, _validation_message(exc))
-    gid = _with_client(lambda c: c.submit(goal, goal_id=goal_id))
+    settings = _settings()
+    if tool:
+        _check_tools(tool, settings)
+    gid = _with_client(lambda c: c.submit(goal, goal_id=goal_id), settings)
     if as_json:
         _print_json({"goal_id": gid})
     else:
         show(gid)
 
 
-def _status_json(s: GoalStatus) -> dict[str, Any]:
+def _check_tools(names: list[str], settings: Settings) -> None:
+    """--tool names must be tools the workers load (the same TASKLOOM_TOOLS); the planner checks too,
+    so a machine that cannot import the toolkits here skips this early check."""
+    from .workers import load_tools
+
+    try:
+        known = load_tools(settings).names()
+    except ToolLoadError:
+        return
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        listed = ", ".join(map(repr, unknown))
+        _fail(EXIT_INVALID, f"--tool: unknown tool {listed}; expected one of: {', '.join(known) or '(none loaded)'}")
+
+
+def _status_json(s: GoalStatus, approvals: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {
         **s.goal.model_dump(mode="json"),
         "plan": s.plan.model_dump(mode="json") if s.plan else None,
         "tasks": [t.model_dump(mode="json") for t in s.tasks],
+        "awaiting_approval": [{"call_id": cid, **req} for cid, req in approvals.items()],
     }
 
 
 @app.command()
 def status(goal_id: str, as_json: JsonOpt = False) -> None:
-    """Show a goal: its state, answer, plan version and every task's state."""
-    s = _with_client(lambda c: c.status(goal_id))
+    """Show a goal: its state, answer, plan version, every task's state and the calls awaiting approval."""
+
+    async def go(c: Client) -> tuple[GoalStatus, dict[str, dict[str, Any]]]:
+        return await c.status(goal_id), await c.approvals(goal_id)
+
+    s, approvals = _with_client(go)
     if as_json:
-        _print_json(_status_json(s))
+        _print_json(_status_json(s, approvals))
         return
     g = s.goal
     show((g.id, "bold"), "  ", (g.state.value, "cyan"), f"  budget {g.budget_tokens:,} tokens  plan v{g.plan_version}")
@@ -255,6 +343,13 @@ def status(goal_id: str, as_json: JsonOpt = False) -> None:
         for t in s.tasks:
             table.add_row(line(t.task_id), t.state.value, str(t.attempt), line(t.reason or ""))
         out.print(table)
+    for call_id, req in approvals.items():
+        args = json.dumps(req.get("input"), default=str)
+        show(
+            ("awaiting approval: ", "bold magenta"),
+            f"{call_id}  {req.get('tool')}({args[:200]})  task {req.get('task_id')}",
+            f"  -> taskloom approve {g.id} {call_id}  |  taskloom deny {g.id} {call_id} --reason ...",
+        )
     if g.answer:
         show("\n", ("answer", "bold"), "\n", g.answer)
 
@@ -266,12 +361,17 @@ def _goal_exit(goal: GoalRecord) -> int:
 @app.command()
 def wait(
     goal_id: str,
-    timeout: Annotated[float | None, typer.Option(help="seconds; default: no limit")] = None,
+    timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Wait until a goal ends. Exit 0 if it succeeded, 3 if it ended otherwise, 4 on timeout."""
+
+    async def go(c: Client) -> GoalRecord:
+        await _warn_if_no_workers(c, goal_id)
+        return await c.wait(goal_id, timeout)
+
     try:
-        goal = _with_client(lambda c: c.wait(goal_id, timeout))
+        goal = _with_client(go)
     except WaitTimeout as exc:
         if as_json:
             _print_json({"goal_id": goal_id, "state": exc.state, "timeout": True})
@@ -296,7 +396,9 @@ def _event_line(e: Event) -> str:
 @app.command()
 def events(
     goal_id: str,
-    after: Annotated[str | None, typer.Option(help="resume after this position (from a previous read)")] = None,
+    after: Annotated[
+        str | None, typer.Option(help="resume after this position (from a previous read)", callback=_position)
+    ] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep reading until the goal ends")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -313,23 +415,43 @@ def events(
 
 
 @app.command()
-def watch(goal_id: str, as_json: JsonOpt = False) -> None:
-    """Follow a goal live until it ends; exit code as for `wait`."""
+def watch(goal_id: str, timeout: TimeoutOpt = None, as_json: JsonOpt = False) -> None:
+    """Follow a goal live until it ends; exit code as for `wait` (4: --timeout passed first)."""
 
     async def go(c: Client) -> GoalRecord:
-        async for e in c.events(goal_id, follow=True):
-            if as_json:
-                _print_json(e.model_dump(mode="json"))
-            else:
-                show(_event_line(e))
+        await _warn_if_no_workers(c, goal_id)
+        try:
+            async with asyncio.timeout(timeout):
+                async for e in c.events(goal_id, follow=True):
+                    if as_json:
+                        _print_json(e.model_dump(mode="json"))
+                    else:
+                        show(_event_line(e))
+        except TimeoutError:
+            goal = await c.get(goal_id)
+            raise WaitTimeout(goal_id, goal.state.value, timeout or 0) from None
         return await c.get(goal_id)
 
-    goal = _with_client(go)
+    try:
+        goal = _with_client(go)
+    except WaitTimeout as exc:
+        _fail(EXIT_TIMEOUT, str(exc))
     if not as_json:
         show((goal.state.value, "bold"))
         if goal.answer:
             show(goal.answer)
     raise typer.Exit(_goal_exit(goal))
+
+
+async def _warn_if_no_workers(c: Client, goal_id: str) -> None:
+    """A goal that has not ended, and a role without any live worker: say so (once) rather than wait mutely."""
+    from . import health
+
+    if (await c.get(goal_id)).terminal:
+        return
+    missing = await health.missing_roles(c.redis, c.keys, ROLES)
+    if missing:
+        _warn(health.no_worker_message(missing))
 
 
 @app.command()
@@ -382,15 +504,15 @@ def _run(goal: Goal, settings: Settings, local: bool, as_json: bool, timeout: fl
 
     console = Console(stderr=True) if as_json else out
     configure_logging("WARNING", json=True, stream=sys.stderr)  # worker logs stay out of the live view
-    try:
-        record, books = asyncio.run(run_goal(settings, goal, local=local, console=console, timeout=timeout))
-    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
-        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
-    except (ModelConfigError, ToolLoadError) as exc:
-        _fail(EXIT_INVALID, str(exc))
+    record, books = _guarded(
+        lambda: asyncio.run(run_goal(settings, goal, local=local, console=console, timeout=timeout, warn=_warn))
+    )
     if as_json:
-        _print_json(summary(record, books))
-    else:
+        _print_json({**summary(record, books), "timeout": not record.terminal})
+    if not record.terminal:
+        where = "its workers stopped with this process" if local else f"follow it with `taskloom watch {record.id}`"
+        _fail(EXIT_TIMEOUT, f"goal {record.id} still {record.state.value} after {timeout:g} s ({where})")
+    if not as_json:
         spent = f"{books.spent:,} of {books.budget:,} tokens (${books.cost_usd:.4f})" if books else ""
         show("\n", (record.state.value, "bold"), f"  {spent}")
         if record.answer:
@@ -402,15 +524,17 @@ def _run(goal: Goal, settings: Settings, local: bool, as_json: bool, timeout: fl
 
 @app.command()
 def run(
-    text: Annotated[str, typer.Argument(help="the goal, in natural language")],
+    text: GoalText,
     dod: Annotated[str, typer.Option("--dod", help="definition of done")] = "",
     budget: Annotated[int | None, typer.Option(help="token budget")] = None,
     local: Annotated[bool, typer.Option(help="run planner, executor and critic in this process")] = False,
-    timeout: Annotated[float | None, typer.Option(help="stop watching after this many seconds")] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="stop watching after this many seconds (exit 4)", callback=_seconds)
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a goal, show its DAG live, print the final answer. Exit 0 only if it succeeded."""
-    raw: dict[str, Any] = {"text": text, "definition_of_done": dod}
+    raw: dict[str, Any] = {"text": _goal_text(text), "definition_of_done": dod}
     if budget is not None:
         raw["budget_tokens"] = budget
     try:
@@ -423,7 +547,7 @@ def run(
 @app.command()
 def demo(
     as_json: JsonOpt = False,
-    timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 120,
+    timeout: Annotated[float, typer.Option(help="give up after this many seconds (exit 4)", callback=_seconds)] = 120,
 ) -> None:
     """The whole system on this machine, no set-up: embedded Redis, the offline demo model, the
     support-desk toolkit, all workers in this process, on a refund question over three orders."""
@@ -478,12 +602,21 @@ def deny(
 
 
 def _decide(goal_id: str, call_id: str, approved: bool, reason: str, as_json: bool) -> None:
-    first = _with_client(lambda c: c.decide(goal_id, call_id, approved, reason))
+    async def go(c: Client) -> tuple[bool, str | None]:
+        first = await c.decide(goal_id, call_id, approved, reason)
+        return first, await c.decision(goal_id, call_id)
+
+    first, decision = _with_client(go)
+    verb = "approved" if approved else "denied"
+    before = "approved" if decision == "approved" else "denied"
     if as_json:
-        _print_json({"goal_id": goal_id, "call_id": call_id, "approved": approved, "first_decision": first})
-    else:
-        verb = "approved" if approved else "denied"
-        show(f"{call_id} {verb}" if first else f"{call_id} was already decided; nothing changed")
+        _print_json(
+            {"goal_id": goal_id, "call_id": call_id, "approved": approved, "first_decision": first, "decision": before}
+        )
+    elif first:
+        show(f"{call_id} {verb}")
+    else:  # idempotent, as a second `kubectl apply` is; the first decision stands
+        show(f"{call_id} was already {before}; nothing changed")
 
 
 # -- the process: one error path, no traceback unless asked, signals --------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group
@@ -22,9 +23,13 @@ from bus.ledger import Ledger, LedgerNotFound, LedgerSnapshot
 from bus.schemas import Goal, GoalRecord, TaskState
 from llm.port import ModelPort
 
+from . import health
 from .settings import Settings
 from .terminal import clean, line
-from .workers import keys_for, run_workers
+from .workers import keys_for, load_tools, make_inner_model, run_workers
+
+# Seconds between checks that every role has a live worker, while a goal is followed.
+WORKER_CHECK_EVERY = 5.0
 
 STATE_STYLE = {
     TaskState.PENDING: "dim",
@@ -68,11 +73,26 @@ def _one_line(text: str, limit: int = 200) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-async def follow(client: Client, goal_id: str, console: Console, timeout: float | None) -> GoalRecord:
-    """Redraw the goal's DAG on every event until it ends."""
+async def follow(
+    client: Client,
+    goal_id: str,
+    console: Console,
+    timeout: float | None,
+    workers: asyncio.Task[None] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> GoalRecord:
+    """Redraw the goal's DAG on every event until it ends (or `timeout` passes).
+
+    `workers`: the in-process workers (`--local`); if they stop with an error (no API key, a toolkit
+    that does not import), that error is raised here at once instead of the goal waiting forever.
+    `warn`: told once when some role has no live worker anywhere (its heartbeats), re-checked every
+    few seconds while the goal has not ended.
+    """
     ledger = Ledger(client.redis, client.keys)
     started = time.monotonic()
     after: str | None = None
+    warned = False
+    next_check = started
 
     async def snapshot() -> tuple[GoalStatus, LedgerSnapshot | None]:
         status = await client.status(goal_id)
@@ -85,6 +105,15 @@ async def follow(client: Client, goal_id: str, console: Console, timeout: float 
     status, books = await snapshot()
     with Live(render(status, books, 0), console=console, refresh_per_second=8, transient=False) as live:
         while not status.goal.terminal:
+            if workers is not None and workers.done():
+                workers.result()  # raises the workers' error
+                raise RuntimeError("the in-process workers stopped before the goal ended")
+            if warn is not None and not warned and time.monotonic() >= next_check:
+                next_check = time.monotonic() + WORKER_CHECK_EVERY
+                missing = await health.missing_roles(client.redis, client.keys, ROLES)
+                if missing:
+                    warned = True
+                    warn(health.no_worker_message(missing))
             if timeout is not None and time.monotonic() - started > timeout:
                 break
             events = await client.log.read(goal_id, after=after, block_ms=250)
@@ -95,6 +124,16 @@ async def follow(client: Client, goal_id: str, console: Console, timeout: float 
     return status.goal
 
 
+async def preflight(settings: Settings) -> None:
+    """What `taskloom worker` would refuse at start-up, checked before a `--local` run submits anything:
+    the toolkits import and the model can be built (raises `ToolLoadError` / `ModelConfigError`)."""
+    load_tools(settings)
+    model = make_inner_model(settings)
+    close = getattr(model, "aclose", None)
+    if close is not None:
+        await close()
+
+
 async def run_goal(
     settings: Settings,
     goal: Goal,
@@ -103,9 +142,12 @@ async def run_goal(
     console: Console,
     model: ModelPort | None = None,
     timeout: float | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> tuple[GoalRecord, LedgerSnapshot | None]:
     stop = asyncio.Event()
     workers: asyncio.Task[None] | None = None
+    if local and model is None:
+        await preflight(settings)
     async with connect(settings.redis_url, settings.home) as redis:
         client = Client(redis, keys_for(settings), settings.default_budget_tokens, settings.events_maxlen)
         if local:
@@ -113,7 +155,7 @@ async def run_goal(
         try:
             goal_id = await client.submit(goal)
             console.print(line("goal ", (goal_id, "bold"), ": ", goal.text), highlight=False, soft_wrap=True)
-            record = await follow(client, goal_id, console, timeout)
+            record = await follow(client, goal_id, console, timeout, workers, None if local else warn)
             try:
                 books: LedgerSnapshot | None = await Ledger(redis, client.keys).snapshot(goal_id)
             except LedgerNotFound:
@@ -121,7 +163,7 @@ async def run_goal(
         finally:
             stop.set()
             if workers is not None:
-                with contextlib.suppress(asyncio.CancelledError):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await workers
     return record, books
 
