@@ -40,7 +40,7 @@ from llm.errors import ModelConfigError
 
 from .logs import configure_logging
 from .metrics import MetricsError
-from .settings import Settings, SettingsError, load_settings
+from .settings import Settings, SettingsError, load_settings, unknown_variables
 from .terminal import clean, line
 from .workers import keys_for, run_workers
 
@@ -131,7 +131,16 @@ def _warn(message: str) -> None:
     err.print(line(("warning:", "bold yellow"), " ", message), soft_wrap=True, highlight=False)
 
 
+_warned_variables = False
+
+
 def _settings() -> Settings:
+    """The settings, or exit 2 naming each bad variable; warns once about unknown TASKLOOM_* variables."""
+    global _warned_variables
+    if not _warned_variables:
+        _warned_variables = True
+        for warning in unknown_variables():
+            _warn(warning)
     try:
         return load_settings()
     except SettingsError as exc:

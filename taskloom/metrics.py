@@ -16,6 +16,7 @@ queue's depth is still exported when no executor runs (scale from zero); aggrega
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -174,7 +175,11 @@ def serve(port: int, addr: str) -> MetricsServer:
     try:
         server, thread = start_http_server(port, addr=addr, registry=REGISTRY)
     except OSError as exc:
-        raise MetricsError(f"TASKLOOM_METRICS_PORT: cannot listen on {addr}:{port}: {exc}") from exc
+        # Name the variable at fault: a port in use or privileged is the port's; an address this host
+        # does not have, or a name that does not resolve, is the address's.
+        in_use = exc.errno in (errno.EADDRINUSE, errno.EACCES)
+        variable = "TASKLOOM_METRICS_PORT" if in_use else "TASKLOOM_METRICS_ADDR"
+        raise MetricsError(f"{variable}: cannot listen on {addr}:{port}: {exc}") from exc
     return MetricsServer(server, thread)
 
 
