@@ -85,11 +85,11 @@ def test_unknown_variables_are_named_with_the_closest_setting() -> None:
     """A misspelt TASKLOOM_ variable is reported with a suggestion; known ones and other prefixes are not."""
     from taskloom.settings import unknown_variables
 
-    env = {"TASKLOOM_POLL_DELEY": "1", "TASKLOOM_POLL_DELAY": "1", "TASKLOOM_ZZZ": "x", "OTHER_POLL_DELEY": "1"}
+    env = {"TASKLOOM_POLL_DELEY": "1", "TASKLOOM_POLL_DELAY": "1", "TASKLOOM_QQQQQQQQQQ": "x", "OTHER_POLL_DELEY": "1"}
     warnings = unknown_variables(env)
     assert len(warnings) == 2
     assert "TASKLOOM_POLL_DELEY" in warnings[0] and "did you mean TASKLOOM_POLL_DELAY?" in warnings[0]
-    assert "TASKLOOM_ZZZ" in warnings[1] and "did you mean" not in warnings[1]
+    assert "TASKLOOM_QQQQQQQQQQ" in warnings[1] and "did you mean" not in warnings[1]
 
 
 def test_every_setting_is_a_known_variable() -> None:
