@@ -168,6 +168,10 @@ class EmbeddedRedis:
             if self._ping():
                 return
             time.sleep(0.02)
+        # Never leave behind a server nobody can reach.
+        self._proc.kill()
+        self._proc.wait(timeout=10)
+        self._proc = None
         raise EmbeddedRedisError(f"redis-server did not answer on {self.socket}; see {self.logfile}")
 
     def _shutdown(self) -> None:

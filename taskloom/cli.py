@@ -8,6 +8,7 @@ without succeeding (`wait`); 4 `wait` timed out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -15,7 +16,7 @@ import re
 import signal
 import sys
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -176,7 +177,7 @@ def _with_client(fn: Callable[[Client], Awaitable[T]], settings: Settings | None
         ) as client:
             return await fn(client)
 
-    return _guarded(lambda: asyncio.run(go()))
+    return _guarded(lambda: _arun(go()))
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -207,7 +208,7 @@ def worker(
         _fail(EXIT_INVALID, f"unknown role {role!r}; expected one of: {', '.join(ROLES)}, all")
     settings = _settings()
     configure_logging(log_level)
-    _guarded(lambda: asyncio.run(run_workers(roles, settings, burst=burst)))
+    _guarded(lambda: _arun(run_workers(roles, settings, burst=burst)))
 
 
 @app.command()
@@ -249,7 +250,7 @@ def health(
         finally:
             await redis.aclose()
 
-    report = asyncio.run(go())
+    report = _arun(go())
     if as_json:
         _print_json(report.as_json())
     elif report.ok:
@@ -514,7 +515,7 @@ def _run(goal: Goal, settings: Settings, local: bool, as_json: bool, timeout: fl
     console = Console(stderr=True) if as_json else out
     configure_logging("WARNING", json=True, stream=sys.stderr)  # worker logs stay out of the live view
     record, books = _guarded(
-        lambda: asyncio.run(run_goal(settings, goal, local=local, console=console, timeout=timeout, warn=_warn))
+        lambda: _arun(run_goal(settings, goal, local=local, console=console, timeout=timeout, warn=_warn))
     )
     if as_json:
         _print_json({**summary(record, books), "timeout": not record.terminal})
@@ -647,11 +648,40 @@ def _root(
     _debug = _debug or debug
 
 
-def _terminated(signum: int, _frame: object) -> None:
-    """SIGTERM ends a command as Ctrl-C does: the running coroutine is cancelled, so connections close
-    and the embedded redis-server is stopped by its last user (a default SIGTERM would kill us first)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
-    signal.raise_signal(signal.SIGINT) if signal.getsignal(signal.SIGINT) is not None else None
+_terminated_by: int | None = None
+
+
+def _arun(coro: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(coro)`, where SIGTERM (and SIGINT) cancel `coro` as Ctrl-C does: its `finally`
+    blocks run, connections close, and the embedded redis-server is stopped by its last user. (A
+    default SIGTERM kills the process first; a shell's background job even ignores SIGINT.) A worker
+    replaces these handlers with its own graceful shutdown while it runs."""
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        installed = []
+
+        def stop(signum: int) -> None:
+            global _terminated_by
+            _terminated_by = signum
+            task.cancel()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop, sig)
+                installed.append(sig)
+        try:
+            return await coro
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None  # main() exits 130, or 143 after SIGTERM
 
 
 def _cwd_on_path() -> None:
@@ -665,8 +695,6 @@ def main(argv: list[str] | None = None) -> None:
     global _debug
     _debug = _env_debug()
     _cwd_on_path()
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminated)
     try:
         rv = app(args=argv, prog_name="taskloom", standalone_mode=False)
     except cli_errors.NoArgsIsHelpError as exc:
@@ -676,12 +704,12 @@ def main(argv: list[str] | None = None) -> None:
     except cli_errors.UsageError as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
         _exit_with(EXIT_INVALID, exc.format_message() + hint)
-    except typer.Abort:
-        sys.exit(130)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except (typer.Abort, KeyboardInterrupt):
+        rv = 130
     except Exception as exc:
         _unexpected(exc)
+    if rv == 130 and _terminated_by is not None:
+        rv = 128 + _terminated_by  # 143: ended by SIGTERM, as shells report it
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -20,13 +20,30 @@ _SECRET_VALUES = re.compile(r"sk-ant-[A-Za-z0-9_\-]+|(?i:bearer\s+)[A-Za-z0-9._\
 REDACTED = "[redacted]"
 
 
+# A logged value is capped: an invalid 1 MB job payload must not become a 1 MB log line. Strings keep
+# their head and say how much was cut; containers keep their first items.
+MAX_STRING = 2000
+MAX_ITEMS = 50
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= MAX_STRING else f"{text[:MAX_STRING]}...[{len(text) - MAX_STRING} more chars]"
+
+
 def _scrub(value: Any) -> Any:
     if isinstance(value, str):
-        return _SECRET_VALUES.sub(REDACTED, value)
+        return _SECRET_VALUES.sub(REDACTED, _cap(value))
+    if isinstance(value, bytes | bytearray):
+        return _scrub(bytes(value[: MAX_STRING + 1]).decode("utf-8", "replace")) if len(value) > MAX_STRING else value
     if isinstance(value, dict):
-        return {k: REDACTED if _SECRET_KEYS.search(str(k)) else _scrub(v) for k, v in value.items()}
+        items = list(value.items())
+        out = {k: REDACTED if _SECRET_KEYS.search(str(k)) else _scrub(v) for k, v in items[:MAX_ITEMS]}
+        if len(items) > MAX_ITEMS:
+            out["..."] = f"{len(items) - MAX_ITEMS} more keys"
+        return out
     if isinstance(value, list | tuple):
-        return [_scrub(v) for v in value]
+        head = [_scrub(v) for v in list(value[:MAX_ITEMS])]
+        return [*head, f"...{len(value) - MAX_ITEMS} more items"] if len(value) > MAX_ITEMS else head
     return value
 
 

@@ -107,7 +107,7 @@ async def follow(
         while not status.goal.terminal:
             if workers is not None and workers.done():
                 workers.result()  # raises the workers' error
-                raise RuntimeError("the in-process workers stopped before the goal ended")
+                raise asyncio.CancelledError  # they stopped on SIGTERM/SIGINT: so do we
             if warn is not None and not warned and time.monotonic() >= next_check:
                 next_check = time.monotonic() + WORKER_CHECK_EVERY
                 missing = await health.missing_roles(client.redis, client.keys, ROLES)
