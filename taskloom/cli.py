@@ -1,8 +1,13 @@
 """The `taskloom` command line.
 
-Exit codes: 0 ok (for `wait`: the goal succeeded); 1 unknown goal or a failure reaching Redis;
-2 invalid input or configuration (the message names the field or variable); 3 the goal ended
-without succeeding (`wait`); 4 `wait` timed out.
+Exit codes (README "Exit codes"): 0 ok (for `wait`/`watch`/`run`: the goal succeeded); 1 unknown goal,
+a failure reaching Redis, a corrupt record, an unexpected error; 2 invalid input or configuration (one
+line naming the argument, option or variable); 3 the goal ended without succeeding; 4 a `--timeout`
+passed; 130/143 interrupted by SIGINT/SIGTERM.
+
+Every error leaves through `_fail` (one `error: ...` line on stderr); `main` turns usage errors and
+unexpected exceptions into that same line, with a traceback only under `--debug`/`TASKLOOM_DEBUG=1`.
+Text that users or models wrote is printed with `show`/`line` (`taskloom.terminal`), never as markup.
 """
 
 from __future__ import annotations

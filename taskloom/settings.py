@@ -23,6 +23,7 @@ import pydantic_settings
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bus.keys import Keys
 from bus.ledger import ModelPrice
 from bus.schemas import MAX_BUDGET_TOKENS
 
@@ -198,6 +199,16 @@ class Settings(BaseSettings):
     @property
     def embedded(self) -> bool:
         return self.redis_url is None
+
+
+def keys_for(settings: Settings) -> Keys:
+    """Every Redis key and queue name of this deployment (prefix and queue names from the settings)."""
+    return Keys(
+        prefix=settings.key_prefix,
+        planner_queue_name=settings.planner_queue,
+        executor_queue_name=settings.executor_queue,
+        critic_queue_name=settings.critic_queue,
+    )
 
 
 def redis_url_problem(url: str) -> str | None:

@@ -36,7 +36,7 @@ import planner.handlers as planner
 from bus.client import Client
 from bus.connection import connect
 from bus.jobs import JobPayload, parse_payload
-from bus.keys import ROLES, Keys
+from bus.keys import ROLES
 from bus.ledger import Ledger, PriceTable
 from bus.metered import ModelFactory
 from bus.observe import Observer, install, observe
@@ -48,6 +48,7 @@ from llm.port import ModelPort
 
 from . import health, metrics
 from .settings import Settings
+from .settings import keys_for as keys_for  # re-exported: callers import it from here
 from .wake import WakeableWorker
 
 log = structlog.get_logger("taskloom.worker")
@@ -101,15 +102,6 @@ def make_ledger(settings: Settings, redis: ArqRedis) -> Ledger:
 def make_inner_model(settings: Settings) -> ModelPort:
     """The configured model (raises `ModelConfigError` naming ANTHROPIC_API_KEY when it is missing)."""
     return make_model(settings.model, max_retries=settings.model_max_retries, timeout=settings.model_timeout)
-
-
-def keys_for(settings: Settings) -> Keys:
-    return Keys(
-        prefix=settings.key_prefix,
-        planner_queue_name=settings.planner_queue,
-        executor_queue_name=settings.executor_queue,
-        critic_queue_name=settings.critic_queue,
-    )
 
 
 async def _hold_job(ctx: dict[str, Any], ttl: float) -> None:
