@@ -44,11 +44,11 @@ from bus.store import AlreadyExists, CorruptRecord, IllegalTransition, NotFound
 from executor.registry import ToolLoadError
 from llm.errors import ModelConfigError
 
-from .logs import configure_logging
-from .metrics import MetricsError
-from .settings import Settings, SettingsError, load_settings, unknown_variables
+from .settings import Settings, SettingsError, keys_for, load_settings, unknown_variables
 from .terminal import clean, line
-from .workers import keys_for, run_workers
+
+# The workers (arq's worker, every role's handlers), logging and metrics are imported by the commands
+# that use them: every `taskloom` call pays for what it imports at start-up.
 
 app = typer.Typer(
     name="taskloom",
@@ -165,7 +165,7 @@ def _guarded(fn: Callable[[], T]) -> T:
         _fail(EXIT_NOT_FOUND, str(exc))
     except AlreadyExists as exc:
         _fail(EXIT_INVALID, f"--id: {exc} with a different goal; choose another id or submit the same goal")
-    except (ModelConfigError, ToolLoadError, MetricsError) as exc:
+    except (ModelConfigError, ToolLoadError, SettingsError) as exc:  # SettingsError: e.g. the metrics port
         _fail(EXIT_INVALID, str(exc))
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, EmbeddedRedisError, OSError) as exc:
         _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
@@ -212,6 +212,9 @@ def worker(
     if any(r not in ROLES for r in roles):
         _fail(EXIT_INVALID, f"unknown role {role!r}; expected one of: {', '.join(ROLES)}, all")
     settings = _settings()
+    from .logs import configure_logging
+    from .workers import run_workers
+
     configure_logging(log_level)
     _guarded(lambda: _arun(run_workers(roles, settings, burst=burst)))
 
@@ -515,6 +518,7 @@ DEMO_DOD = "For each order: whether it can be refunded, why, and the refund dead
 
 
 def _run(goal: Goal, settings: Settings, local: bool, as_json: bool, timeout: float | None) -> None:
+    from .logs import configure_logging
     from .runner import run_goal, summary
 
     console = Console(stderr=True) if as_json else out
@@ -708,7 +712,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_INVALID)
     except cli_errors.UsageError as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-        _exit_with(EXIT_INVALID, exc.format_message() + hint)
+        _exit_with(EXIT_INVALID, exc.format_message() + _given(exc, sys.argv[1:] if argv is None else argv) + hint)
     except (typer.Abort, KeyboardInterrupt):
         rv = 130
     except Exception as exc:
@@ -716,6 +720,21 @@ def main(argv: list[str] | None = None) -> None:
     if rv == 130 and _terminated_by is not None:
         rv = 128 + _terminated_by  # 143: ended by SIGTERM, as shells report it
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _given(exc: Exception, argv: list[str]) -> str:
+    """", got '<value>'" for an option value that could not be converted (typer's message omits it)."""
+    param = getattr(exc, "param", None)
+    opts = list(getattr(param, "opts", None) or [])
+    if not opts or "got " in str(getattr(exc, "message", "")):
+        return ""
+    for i, arg in enumerate(argv):
+        for opt in opts:
+            if arg == opt and i + 1 < len(argv):
+                return f", got {argv[i + 1]!r}"
+            if arg.startswith(opt + "="):
+                return f", got {arg[len(opt) + 1 :]!r}"
+    return ""
 
 
 def _exit_with(code: int, message: str) -> NoReturn:

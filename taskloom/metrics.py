@@ -38,6 +38,8 @@ from bus.keys import ROLES, Keys
 from bus.observe import Observer
 from llm.types import Usage
 
+from .settings import SettingsError
+
 log = structlog.get_logger("taskloom.metrics")
 
 # One registry per process, with the process collector (CPU, memory, open fds) but nothing else
@@ -117,8 +119,8 @@ QUEUE_READ_ERRORS = Counter(
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
 
 
-class MetricsError(Exception):
-    """The metrics endpoint could not start; the message names the setting."""
+class MetricsError(SettingsError):
+    """The metrics endpoint could not start; the message names the setting (a configuration error)."""
 
 
 class PrometheusObserver(Observer):

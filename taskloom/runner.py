@@ -107,7 +107,7 @@ async def follow(
         while not status.goal.terminal:
             if workers is not None and workers.done():
                 workers.result()  # raises the workers' error
-                raise asyncio.CancelledError  # they stopped on SIGTERM/SIGINT: so do we
+                raise RuntimeError("the in-process workers stopped before the goal ended")
             if warn is not None and not warned and time.monotonic() >= next_check:
                 next_check = time.monotonic() + WORKER_CHECK_EVERY
                 missing = await health.missing_roles(client.redis, client.keys, ROLES)
@@ -151,7 +151,9 @@ async def run_goal(
     async with connect(settings.redis_url, settings.home) as redis:
         client = Client(redis, keys_for(settings), settings.default_budget_tokens, settings.events_maxlen)
         if local:
-            workers = asyncio.create_task(run_workers(list(ROLES), settings, stop=stop, model=model))
+            # Signals are the CLI's: a SIGTERM cancels this coroutine, and `finally` below stops the
+            # workers with their usual grace.
+            workers = asyncio.create_task(run_workers(list(ROLES), settings, stop=stop, model=model, signals=False))
         try:
             goal_id = await client.submit(goal)
             console.print(line("goal ", (goal_id, "bold"), ": ", goal.text), highlight=False, soft_wrap=True)

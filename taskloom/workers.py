@@ -41,6 +41,7 @@ from bus.ledger import Ledger, PriceTable
 from bus.metered import ModelFactory
 from bus.observe import Observer, install, observe
 from bus.runtime import Limits, Runtime
+from bus.store import CorruptRecord, NotFound
 from executor.demo_tools import support
 from executor.registry import ToolRegistry, load_registry
 from llm import make_model
@@ -143,6 +144,12 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
                 if goal_id is not None and await ctx["runtime"].store.expire_if_late(goal_id):
                     log.warning("goal.deadline_passed", function=name)  # the handler then finds it ended
                 await handler(ctx["runtime"], payload)
+            except (NotFound, CorruptRecord) as exc:
+                # A record the job needs is missing or damaged: no re-run can help. Say which, without
+                # a traceback (arq would log one), and drop the job as arq would.
+                outcome = "failed"
+                log.error("job.failed", function=name, error=str(exc), seconds=round(time.perf_counter() - started, 4))
+                return
             except asyncio.CancelledError:
                 outcome = "cancelled"
                 log.warning("job.cancelled", function=name, seconds=round(time.perf_counter() - started, 4))
@@ -251,13 +258,16 @@ async def run_workers(
     burst: bool = False,
     stop: asyncio.Event | None = None,
     model: ModelPort | None = None,
+    signals: bool = True,
 ) -> None:
-    """Run the workers of `roles` in this process until `stop` is set, a signal arrives, or (burst) the queues drain."""
+    """Run the workers of `roles` in this process until `stop` is set, a signal arrives, or (burst) the queues drain.
+
+    `signals=False`: the caller handles SIGTERM/SIGINT (and sets `stop`), as `taskloom run --local` does."""
     stop = stop or asyncio.Event()
     owned = False
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT) if signals else ():
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
