@@ -99,6 +99,7 @@ class Case:
     stdout_has: tuple[str, ...] = ()  # must appear in stdout
     cwd: str | None = None  # "toolkits": run in the toolkit directory (without the worktree on sys.path[0])
     python: str | None = None  # run this Python code (client misuse) instead of the CLI
+    cwd_untouched: bool = False  # the command writes nothing into its working directory
 
 
 def env(**kw: str | None) -> tuple[tuple[str, str | None], ...]:
@@ -646,7 +647,7 @@ CASES: list[Case] = [
         env=env(home="{file}"),
         setup=file_as_home,
     ),
-    Case("submit-empty-home-is-default", ("submit", "hi"), 0, embedded=True, env=env(home="")),
+    Case("submit-empty-home-is-default", ("submit", "hi"), 0, embedded=True, env=env(home=""), cwd_untouched=True),
     # -- status ---------------------------------------------------------------------------------
     Case("status-unknown-goal", ("status", "nosuchgoal"), 1, ("nosuchgoal", "not found")),
     Case("status-invalid-goal-id", ("status", "../../etc"), 1, ("../../etc", "not found")),

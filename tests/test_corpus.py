@@ -109,13 +109,18 @@ def _run(case: Case, redis_url: str, base: Path, toolkits: Path) -> Outcome:
         while left and time.monotonic() < deadline:
             time.sleep(0.1)
             left = live_redis_servers_under(home)
+        if case.cwd_untouched and any(p.name != "xdg" for p in scratch.iterdir()):
+            err += f"\n(harness) files written into the working directory: {sorted(os.listdir(scratch))}"
+            return Outcome(proc.returncode, out, err, seconds, left, subs, "wrote into its working directory")
+        left += live_redis_servers_under(scratch / "xdg" / "taskloom")
         return Outcome(proc.returncode, out, err, seconds, left, subs)
     except Exception as exc:  # the harness's own failure is reported on the case
         return Outcome(None, "", "", time.monotonic() - started, [], subs, f"{type(exc).__name__}: {exc}")
     finally:
         for held in ctx.held:
             held.close()
-        for pid in live_redis_servers_under(home):  # never leave one behind, even when the case fails
+        for pid in live_redis_servers_under(home) + live_redis_servers_under(scratch / "xdg" / "taskloom"):
+            # never leave one behind, even when the case fails
             os.kill(pid, signal.SIGKILL)
 
 
