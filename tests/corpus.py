@@ -842,6 +842,14 @@ CASES: list[Case] = [
         stdin="Say hello [x]",
         bound=60,
     ),
+    Case(
+        "run-local-escape-sequences-stripped",
+        ("run", ESCAPES, "--local", "--timeout", "60"),
+        0,
+        stdout_has=("plain [31mred",),
+        absent=("\x1b", "\x07"),
+        bound=90,
+    ),
     Case("demo-negative-timeout", ("demo", "--timeout", "-1"), 2, ("--timeout",)),
     Case("demo-times-out-and-stops-its-server", ("demo", "--timeout", "0"), 4, ("still",), embedded=True, bound=60),
     # -- signals: a clean stop, and no redis-server left behind ------------------------------------------

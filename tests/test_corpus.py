@@ -141,7 +141,9 @@ def outcomes(request: pytest.FixtureRequest, redis_url: str) -> Iterator[dict[st
         order = sorted(selected, key=lambda cid: -(BY_ID[cid].bound + (BY_ID[cid].term_after or 0)))
         futures = {cid: pool.submit(_run, BY_ID[cid], redis_url, base, toolkits) for cid in order}
         results = {cid: f.result() for cid, f in futures.items()}
-    print(f"\ncorpus: {len(results)} cases in {time.monotonic() - started:.1f} s with {PARALLEL} at once")
+    slowest = sorted(results.items(), key=lambda kv: -kv[1].seconds)[:5]
+    print(f"\ncorpus: {len(results)} cases in {time.monotonic() - started:.1f} s with {PARALLEL} at once; slowest:")
+    print("  " + ", ".join(f"{cid} {r.seconds:.1f} s" for cid, r in slowest))
     yield results
     r = redis_sync.Redis.from_url(redis_url)
     for key in r.scan_iter(match="tlc:*", count=1000):
