@@ -27,7 +27,7 @@ from helpers import live_redis_servers_under
 ROOT = Path(__file__).resolve().parent.parent
 BY_ID = {case.id: case for case in CASES}
 # Processes at once: most of a case is CPU (imports), some of it waiting on a timeout or a signal.
-PARALLEL = int(os.environ.get("TASKLOOM_CORPUS_PARALLEL", "0")) or max(4, 2 * (os.cpu_count() or 2))
+PARALLEL = int(os.environ.get("TL_CORPUS_PARALLEL", "0")) or max(4, 2 * (os.cpu_count() or 2))
 
 pytestmark = [pytest.mark.corpus, pytest.mark.timeout(1800)]  # the first test waits for the whole run
 
