@@ -19,14 +19,14 @@ from opentelemetry import trace
 
 import bus.tracing as bt
 
-from .settings import Settings
+from .settings import Settings, SettingsError
 
 log = structlog.get_logger("taskloom.tracing")
 
 _provider: Any = None  # the SDK TracerProvider this process installed, if any
 
 
-class TracingUnavailable(RuntimeError):
+class TracingUnavailable(SettingsError):
     """TASKLOOM_TRACING=otlp, but the `taskloom[otel]` extra is not installed."""
 
 
