@@ -16,8 +16,8 @@ function; `--arq-jobs` jobs enqueued at once, timed until the queue is empty. Al
 worker processes' CPU time per job (from /proc) and Redis commands per job (`INFO commandstats`).
 Keys live under a unique prefix and are deleted afterwards.
 
-`--tracing`: instead of the arq peer, each executor count runs taskloom four times in the same run,
-tracing off, on, on, off (`TASKLOOM_TRACING=otlp`, every span sampled, exported over OTLP/HTTP with
+`--tracing [--rounds N]`: instead of the arq peer, each executor count runs taskloom 4 x N times in
+the same run, tracing off, on, on, off, ... (`TASKLOOM_TRACING=otlp`, every span sampled, exported over OTLP/HTTP with
 the SDK's default batching to a sink in this process that accepts and drops them), and reports
 goals/s of both and the loss.
 """
@@ -184,7 +184,9 @@ def _sum(results: list[Result]) -> Result:
     )
 
 
-async def run_tracing(url: str, goals: int, width: int, executors: list[int], poll_delay: float) -> str:
+async def run_tracing(
+    url: str, goals: int, width: int, executors: list[int], poll_delay: float, rounds: int = 1
+) -> str:
     sink = SpanSink()
     try:
         async with bench_redis(url, "throughput") as bench:
@@ -194,9 +196,9 @@ async def run_tracing(url: str, goals: int, width: int, executors: list[int], po
                 # off, on, on, off: a load that drifts during the run (a shared machine) weighs on both alike.
                 runs: dict[bool, list[Result]] = {False: [], True: []}
                 before = sink.bytes
-                for j, on in enumerate((False, True, True, False)):
+                for j, on in enumerate((False, True, True, False) * rounds):
                     traces = sink.endpoint if on else None
-                    runs[on].append(await taskloom(bench, n, goals, width, poll_delay, 4 * i + j, traces=traces))
+                    runs[on].append(await taskloom(bench, n, goals, width, poll_delay, 100 * i + j, traces=traces))
                 rows.append((_sum(runs[False]), _sum(runs[True]), sink.bytes - before))
                 each = ", ".join(f"{'on' if on else 'off'} {r.goals / r.seconds:.2f}" for on in runs for r in runs[on])
                 print(f"{n} executor(s), goals/s of each run: {each}", flush=True)
@@ -256,12 +258,15 @@ def main() -> None:
     parser.add_argument("--arq-jobs", type=int, default=3000)
     parser.add_argument("--poll-delay", type=float, default=0.05)
     parser.add_argument("--tracing", action="store_true", help="compare tracing off and on (instead of raw arq)")
+    parser.add_argument("--rounds", type=int, default=1, help="with --tracing: off/on/on/off this many times")
     args = parser.parse_args()
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     executors = [int(n) for n in args.executors.split(",")]
     if args.tracing:
-        table = asyncio.run(run_tracing(args.redis_url, args.goals, args.width, executors, args.poll_delay))
+        table = asyncio.run(
+            run_tracing(args.redis_url, args.goals, args.width, executors, args.poll_delay, args.rounds)
+        )
     else:
         table = asyncio.run(run(args.redis_url, args.goals, args.width, executors, args.arq_jobs, args.poll_delay))
     print(f"{started:%Y-%m-%d %H:%M} UTC, {time.perf_counter() - t0:.1f} s\n{table}")
