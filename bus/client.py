@@ -116,7 +116,7 @@ class Client:
                 parent = existing.traceparent  # a re-submit continues the goal's own trace
             # Stored first, then enqueued: if we crash in between, the planner's reconciler finds the
             # goal still `submitted` and enqueues it (see `reconcile`).
-            await self.jobs.enqueue(PlanJob(goal_id=gid, traceparent=parent or record.traceparent))
+            await self.jobs.enqueue(PlanJob(goal_id=gid, traceparent=parent))
         return gid
 
     async def get(self, goal_id: str) -> GoalRecord:
