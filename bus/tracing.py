@@ -56,9 +56,7 @@ def tracer() -> trace.Tracer:
 def use_provider(provider: trace.TracerProvider | None) -> None:
     """Send this process's spans to `provider` instead of the global one (None: back to the global)."""
     global _tracer
-    _tracer = (provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
-    if provider is None:
-        _tracer = trace.get_tracer(TRACER_NAME)
+    _tracer = trace.get_tracer(TRACER_NAME) if provider is None else provider.get_tracer(TRACER_NAME)
 
 
 def current_traceparent() -> str | None:
