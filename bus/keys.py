@@ -70,6 +70,14 @@ class Keys:
         """Sorted set of goals not yet picked up by a planner, by submission time (reconciler)."""
         return f"{self.prefix}goals:submitted"
 
+    def approvals_pending(self) -> str:
+        """Sorted set of `goal_id call_id` awaiting a decision, by request time (the approvals inbox)."""
+        return f"{self.prefix}approvals:pending"
+
+    def api_endpoints(self) -> str:
+        """Sorted set of running API processes' console URLs by heartbeat expiry (ms)."""
+        return f"{self.prefix}api:endpoints"
+
     def global_events(self) -> str:
         return f"{self.prefix}events"
 

@@ -457,12 +457,90 @@ def deny(
 
 
 def _decide(goal_id: str, call_id: str, approved: bool, reason: str, as_json: bool) -> None:
-    first = _with_client(lambda c: c.decide(goal_id, call_id, approved, reason))
+    import getpass
+
+    # Recorded in the audit event, as an API decision records its token's name.
+    first = _with_client(lambda c: c.decide(goal_id, call_id, approved, reason, by=f"cli:{getpass.getuser()}"))
     if as_json:
         _print_json({"goal_id": goal_id, "call_id": call_id, "approved": approved, "first_decision": first})
     else:
         verb = "approved" if approved else "denied"
         out.print(f"{call_id} {verb}" if first else f"{call_id} was already decided; nothing changed")
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (0: any free port)", min=0, max=65535)] = 8700,
+    open_: Annotated[
+        bool, typer.Option("--open", help="loopback only: print a one-time token with every scope, and the URL")
+    ] = False,
+    insecure_local: Annotated[
+        bool, typer.Option("--insecure-local", help="no tokens at all (every caller has every scope); loopback only")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+) -> None:
+    """Serve the HTTP API and the web console (needs the `api` extra: pip install 'taskloom[api]')."""
+    try:
+        from .api.app import ApiConfig
+        from .api.auth import TokenBook, TokenConfigError, load_tokens, new_token
+        from .api.server import ApiStartError, bind, is_loopback, public_url, serve
+    except ImportError as exc:
+        _fail(EXIT_INVALID, f"the API needs the `api` extra: pip install 'taskloom[api]' ({exc})")
+    settings = _settings()
+    if (open_ or insecure_local) and not is_loopback(host):
+        flag = "--open" if open_ else "--insecure-local"
+        _fail(EXIT_INVALID, f"{flag} serves on loopback only; --host {host} is not a loopback address")
+    try:
+        book = TokenBook(load_tokens(settings.api_tokens, settings.api_tokens_file))
+    except TokenConfigError as exc:
+        _fail(EXIT_INVALID, str(exc))
+    one_time = None
+    if open_:
+        one_time = new_token()  # lives in this process only: it stops working when the process stops
+        book.add("console", ("admin",), one_time)
+    if not book.tokens and not insecure_local:
+        _fail(
+            EXIT_INVALID,
+            "no API tokens: set TASKLOOM_API_TOKENS or TASKLOOM_API_TOKENS_FILE (make one with "
+            "`taskloom api-token NAME --scope read`), or use --open or --insecure-local on loopback",
+        )
+    try:
+        sock = bind(host, port)
+    except ApiStartError as exc:
+        _fail(EXIT_INVALID, str(exc))
+    url = public_url(settings, host, sock.getsockname()[1])
+    configure_logging(log_level)
+    config = ApiConfig(tokens=book, insecure_local=insecure_local, max_body=settings.api_max_body)
+    # One line each, on stdout, before serving: scripts and tests read them.
+    sys.stdout.write(f"console: {url}\n")
+    if one_time is not None:
+        sys.stdout.write(f"token: {one_time}\nopen: {url}#token={one_time}\n")
+    sys.stdout.flush()
+    try:
+        asyncio.run(serve(settings, sock, config, url))
+    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
+        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
+
+
+@app.command("api-token")
+def api_token(
+    name: Annotated[str, typer.Argument(help="who holds it; recorded in audit events (approvals)")],
+    scope: Annotated[
+        list[str] | None, typer.Option("--scope", help="read | submit | approve | admin (repeatable; default read)")
+    ] = None,
+) -> None:
+    """Make a new API token: prints the token (give it to the caller) and its hashed entry (for the server)."""
+    from .api.auth import SCOPES, TokenConfigError, entry_for, new_token, parse_tokens
+
+    scopes = scope or ["read"]
+    token = new_token()
+    entry = entry_for(name, scopes, token)
+    try:
+        parse_tokens(entry, "the new token")
+    except TokenConfigError as exc:
+        _fail(EXIT_INVALID, f"{exc} (scopes: {', '.join(SCOPES)}; names: letters, digits, _ . @ -)")
+    sys.stdout.write(f"token: {token}\nentry: {entry}\n")
 
 
 def main() -> None:

@@ -98,6 +98,17 @@ class Settings(BaseSettings):
     # dead once its last heartbeat is older than this (a SIGKILLed worker is noticed within it).
     heartbeat_ttl: float = Field(default=15, ge=1, le=600, description="seconds a worker heartbeat stays fresh")
 
+    # HTTP API and console (`taskloom api`, taskloom/api/). Tokens: NAME:SCOPE+SCOPE:SHA256HEX entries.
+    api_tokens: str = Field(default="", description="API tokens (hashed entries), comma- or newline-separated")
+    api_tokens_file: Path | None = Field(default=None, description="file of API token entries, one per line")
+    api_max_body: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024, description="largest body, bytes")
+    api_public_url: str | None = Field(default=None, description="console URL to advertise; unset: from --host/--port")
+
+    @field_validator("api_tokens_file", "api_public_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v: object) -> object:
+        return None if v == "" else v
+
     @field_validator("redis_url")
     @classmethod
     def _check_url(cls, v: str | None) -> str | None:
