@@ -27,6 +27,10 @@
     }
     return el;
   }
+  // replaceChildren, minus the null/false placeholders of optional parts (the DOM would print "null").
+  function put(el, ...kids) {
+    el.replaceChildren(...kids.flat().filter((k) => k !== null && k !== undefined && k !== false));
+  }
   const $ = (sel, root) => (root || document).querySelector(sel);
   const view = () => $("#view");
   const can = (scope) => !!me && (me.scopes.includes(scope) || me.scopes.includes("admin"));
@@ -114,7 +118,7 @@
   }
 
   function showError(where, err) {
-    where.replaceChildren(h("p", { class: "error", role: "alert" }, err.message || String(err)));
+    put(where, h("p", { class: "error", role: "alert" }, err.message || String(err)));
   }
 
   // -- sign-in ----------------------------------------------------------------------------------
@@ -149,7 +153,7 @@
       if (await whoami()) route();
       else renderLogin("That token was not accepted.");
     });
-    view().replaceChildren(form);
+    put(view(), form);
   }
 
   // -- goals table ------------------------------------------------------------------------------
@@ -176,7 +180,7 @@
         body),
       h("p", {}, more)
     );
-    view().replaceChildren(panel);
+    put(view(), panel);
     let rows = [];
     let cursor = null;
 
@@ -208,10 +212,10 @@
         const page = await api(`/v1/goals?${params}`);
         rows = reset ? page.goals : rows.concat(page.goals);
         cursor = page.next_cursor;
-        body.replaceChildren(...rows.map(row));
+        put(body, ...rows.map(row));
         if (!rows.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No goals yet.")));
         more.hidden = !cursor;
-        msg.replaceChildren();
+        put(msg);
       } catch (e) {
         showError(msg, e);
       }
@@ -284,7 +288,8 @@
     const answer = h("div", { id: "answer" });
     const ledger = h("div", { id: "ledger" });
     const events = h("tbody", { id: "event-rows" });
-    view().replaceChildren(
+    put(
+      view(),
       head,
       h("div", { class: "grid" },
         h("div", {},
@@ -314,7 +319,8 @@
           refresh();
         } }, "Cancel goal")
         : null;
-      head.replaceChildren(
+      put(
+        head,
         h("div", { class: "toolbar" }, h("h1", {}, "Goal"), stateBadge(g.state, { testid: "goal-state" }), cancel),
         h("p", { class: "goal-text", id: "goal-text" }, g.goal.text),
         g.goal.definition_of_done ? h("p", { class: "muted" }, `Done when: ${g.goal.definition_of_done}`) : null,
@@ -325,11 +331,11 @@
           h("span", {}, "age ", h("b", {}, age(g.created_at))),
           g.reason ? h("span", {}, "reason ", h("b", {}, g.reason)) : null)
       );
-      answer.replaceChildren(g.answer ? h("div", { class: "answer", id: "answer-text" }, g.answer)
+      put(answer, g.answer ? h("div", { class: "answer", id: "answer-text" }, g.answer)
         : h("p", { class: "muted" }, g.state === "succeeded" ? "(empty)" : "Not yet."));
       const jobs = [];
       if (g.plan_version) {
-        jobs.push(api(`/v1/goals/${encodeURIComponent(id)}/plan`).then((p) => dag.replaceChildren(drawDag(p))));
+        jobs.push(api(`/v1/goals/${encodeURIComponent(id)}/plan`).then((p) => put(dag, drawDag(p))));
       }
       jobs.push(api(`/v1/goals/${encodeURIComponent(id)}/attempts`).then(renderAttempts));
       jobs.push(api(`/v1/goals/${encodeURIComponent(id)}/ledger`).then(renderLedger).catch(() => null));
@@ -338,10 +344,10 @@
 
     function renderAttempts(a) {
       if (!a.tasks.length) {
-        tasks.replaceChildren(h("p", { class: "muted" }, "No tasks yet."));
+        put(tasks, h("p", { class: "muted" }, "No tasks yet."));
         return;
       }
-      tasks.replaceChildren(...a.tasks.map((t) => h("div", { class: "task", dataset: { task: t.task_id } },
+      put(tasks, ...a.tasks.map((t) => h("div", { class: "task", dataset: { task: t.task_id } },
         h("div", {}, h("b", {}, `${t.task_id}: ${t.title}`), " ", stateBadge(t.state)),
         t.attempts.length ? null : h("div", { class: "muted" }, "no attempt finished yet"),
         t.attempts.map((x) => h("div", { class: `attempt ${x.verdict ? x.verdict.action : ""}` },
@@ -360,7 +366,7 @@
         ["reserved", `${fmt(l.reserved)} (${l.open} open)`], ["headroom", fmt(l.headroom)],
         ["model calls", fmt(l.calls)], ["refused", fmt(l.refusals)], ["cost", `$${l.cost_usd.toFixed(4)}`],
       ];
-      ledger.replaceChildren(bar(l.budget ? (l.spent + l.reserved) / l.budget : 0, "tokens"),
+      put(ledger, bar(l.budget ? (l.spent + l.reserved) / l.budget : 0, "tokens"),
         h("table", { class: "ledger" }, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, v))))));
     }
 
@@ -384,7 +390,7 @@
 
   async function renderApprovals() {
     const list = h("div", { id: "approvals" });
-    view().replaceChildren(h("section", { class: "panel" },
+    put(view(), h("section", { class: "panel" },
       h("div", { class: "toolbar" }, h("h1", {}, "Approvals"),
         h("span", { class: "muted" }, "tool calls waiting for a person, oldest first")),
       can("approve") ? null : h("p", { class: "notice", id: "no-approve" },
@@ -397,7 +403,7 @@
       try {
         await api(`/v1/approvals/${encodeURIComponent(a.goal_id)}/${encodeURIComponent(a.call_id)}/${verb}`,
           { method: "POST", json: { reason } });
-        row.replaceChildren(h("p", { class: "notice" }, `${approved ? "Approved" : "Denied"}: ${a.tool} for goal ${a.goal_id.slice(0, 12)}`));
+        put(row, h("p", { class: "notice" }, `${approved ? "Approved" : "Denied"}: ${a.tool} for goal ${a.goal_id.slice(0, 12)}`));
       } catch (e) {
         row.append(h("p", { class: "error", role: "alert" }, e.message));
       }
@@ -414,10 +420,10 @@
       }
       updateCount(items.length);
       if (!items.length) {
-        list.replaceChildren(h("p", { class: "muted", id: "inbox-empty" }, "Nothing waits for a decision."));
+        put(list, h("p", { class: "muted", id: "inbox-empty" }, "Nothing waits for a decision."));
         return;
       }
-      list.replaceChildren(...items.map((a) => {
+      put(list, ...items.map((a) => {
         const reason = h("input", { type: "text", placeholder: "reason (optional; shown to the model on deny)",
           "aria-label": "reason" });
         const row = h("div", { class: "approval", dataset: { call: a.call_id, goal: a.goal_id } });
@@ -453,7 +459,7 @@
 
   function renderSubmit() {
     if (!can("submit")) {
-      view().replaceChildren(h("section", { class: "panel" }, h("h1", {}, "Submit a goal"),
+      put(view(), h("section", { class: "panel" }, h("h1", {}, "Submit a goal"),
         h("p", { class: "notice" }, "Your token has no `submit` scope.")));
       return;
     }
@@ -482,7 +488,7 @@
         showError(msg, e.field ? new Error(e.message) : e);
       }
     });
-    view().replaceChildren(form);
+    put(view(), form);
     text.focus();
   }
 
