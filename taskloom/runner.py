@@ -23,6 +23,7 @@ from bus.ledger import Ledger, LedgerNotFound, LedgerSnapshot
 from bus.schemas import Goal, GoalRecord, TaskState
 from llm.port import ModelPort
 
+from .api.registry import console_url
 from .settings import Settings
 from .workers import keys_for, run_workers
 
@@ -105,6 +106,10 @@ async def run_goal(
         try:
             goal_id = await client.submit(goal)
             console.print(f"goal [bold]{goal_id}[/]: {goal.text}", highlight=False)
+            # An API process on this Redis (`taskloom api`) registers its console: point at the goal there.
+            url = await console_url(redis, client.keys)
+            if url:
+                console.print(f"console: {url}#/goals/{goal_id}", highlight=False, soft_wrap=True)
             record = await follow(client, goal_id, console, timeout)
             try:
                 books: LedgerSnapshot | None = await Ledger(redis, client.keys).snapshot(goal_id)

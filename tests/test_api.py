@@ -442,6 +442,9 @@ def test_api_process_killed_loses_nothing_and_registers_its_console(
                 return await console_url(redis, Keys(prefix=prefix))
 
         assert asyncio.run(url()) == lines2["console"]
+        # `taskloom run` points at the goal in that console (no workers here: it gives up after 1 s).
+        ran = run_cli("run", "hello", "--timeout", "1", env=subprocess_env)
+        assert re.search(rf"^console: {re.escape(lines2['console'])}#/goals/[0-9a-f]{{32}}$", ran.stdout, re.M), ran
     finally:
         proc2.send_signal(signal.SIGTERM)
         assert proc2.wait(20) == 0, (tmp_path / "api2.log").read_text()
