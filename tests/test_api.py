@@ -12,6 +12,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,9 @@ from openapi_spec_validator import validate
 
 from bus.approvals import ApprovalBook
 from bus.client import Client
+from bus.goal_index import BadCursor, GoalIndex
 from bus.keys import Keys
-from bus.schemas import Event, GoalState, Plan, TaskSpec
+from bus.schemas import Event, Goal, GoalRecord, GoalState, Plan, TaskSpec
 from taskloom.api.app import ApiConfig, create_app
 from taskloom.api.auth import TokenBook, TokenConfigError, entry_for, load_tokens, parse_tokens
 from taskloom.api.openapi import document
@@ -461,3 +463,37 @@ def test_api_refuses_to_start_open_without_tokens_or_on_a_public_address(subproc
     r = run_cli("api-token", "ci", "--scope", "read", "--scope", "submit", env=subprocess_env)
     token, entry = re.findall(r"^(?:token|entry): (\S+)$", r.stdout, re.M)
     assert entry == entry_for("ci", ["read", "submit"], token)
+
+
+async def test_goal_pages_never_repeat_or_skip_goals_submitted_in_the_same_instant(redis: ArqRedis, keys: Keys) -> None:
+    """Goals with one submission time are paged in a stable order by id, each exactly once."""
+    same = datetime(2026, 10, 13, 12, 0, tzinfo=UTC)
+    store = Client(redis, keys, 1000).store
+    for gid in ("g-c", "g-a", "g-e", "g-b", "g-d"):
+        await store.create_goal(GoalRecord(id=gid, goal=Goal(text=gid), budget_tokens=1, created_at=same))
+    index = GoalIndex(redis, keys)
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = await index.page(cursor=cursor, limit=2)
+        seen += page.ids
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == ["g-e", "g-d", "g-c", "g-b", "g-a"]
+    with pytest.raises(BadCursor):
+        await index.page(cursor="bm90IGEgY3Vyc29y")
+
+
+async def test_a_chunked_body_over_the_limit_is_refused(api: Api, redis: ArqRedis, keys: Keys) -> None:
+    """A body without Content-Length is counted as it arrives and refused with 413 past the limit."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"text": "'
+        for _ in range(20):
+            yield b"x" * 1000
+        yield b'"}'
+
+    r = await api.http.post("/v1/goals", content=chunks(), headers=api.auth("submitter"))
+    assert r.status_code == 413 and error_of(r)["type"] == "payload_too_large"
+    assert await redis.zcard(keys.goal_index()) == 0
