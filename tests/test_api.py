@@ -497,3 +497,30 @@ async def test_a_chunked_body_over_the_limit_is_refused(api: Api, redis: ArqRedi
     r = await api.http.post("/v1/goals", content=chunks(), headers=api.auth("submitter"))
     assert r.status_code == 413 and error_of(r)["type"] == "payload_too_large"
     assert await redis.zcard(keys.goal_index()) == 0
+
+
+async def test_a_client_that_leaves_an_event_stream_stops_its_redis_reads(api: Api) -> None:
+    """When the reader of an event stream disconnects, the server stops reading the stream for it."""
+
+    async def blocked_reads() -> int:
+        clients = await api.client.redis.client_list()
+        return sum(1 for c in clients if "b" in c.get("flags", ""))  # b: blocked (XREAD ... BLOCK)
+
+    before = await blocked_reads()
+    for _ in range(3):
+        async with api.http.stream("GET", "/v1/events", headers=api.auth("reader")) as r:
+            assert r.status_code == 200
+            lines = r.aiter_lines()
+            assert await anext(lines) == "retry: 2000"
+
+            async def reading() -> bool:
+                return await blocked_reads() > before
+
+            await eventually(reading, timeout=15)  # the server waits on Redis for this client
+
+    async def released() -> bool:
+        return await blocked_reads() <= before
+
+    await eventually(released, timeout=15)
+    r = await api.http.get("/metrics", headers=api.auth("reader"))
+    assert re.search(r'taskloom_api_requests_total\{method="GET",route="/v1/events",status="200"\} 3\.0', r.text)

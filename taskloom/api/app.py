@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
@@ -112,6 +112,35 @@ def _validation_response(errors: list[Any]) -> JSONResponse:
     if more > 0:
         message += f" (and {more} more problem{'s' if more > 1 else ''})"
     return _error(422, "invalid_request", message, fld)
+
+
+class RequestMetrics:
+    """Count requests by route template and status (a pure ASGI wrapper: it leaves streaming alone)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            # The router records the matched route in the scope; a template keeps the label bounded.
+            template = getattr(scope.get("route"), "path", "(unmatched)")
+            API_REQUESTS.labels(template, scope["method"], str(status)).inc()
+            if not template.endswith("/events"):
+                API_LATENCY.labels(template).observe(time.perf_counter() - started)
 
 
 class BodyLimit:
@@ -245,7 +274,7 @@ def create_app(
         version="1",
         summary="Submit goals, follow them live, read plans and ledgers, decide tool calls awaiting approval.",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # Swagger UI would load scripts from a CDN; the document is at /openapi.json
         redoc_url=None,
         openapi_url="/openapi.json",
         responses={
@@ -299,19 +328,6 @@ def create_app(
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("api.error", path=request.url.path)
         return _error(500, "internal", "internal error (logged)")
-
-    # -- metrics of our own requests ----------------------------------------------------------
-
-    @app.middleware("http")
-    async def _count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        template = getattr(route, "path", "(unmatched)")
-        API_REQUESTS.labels(template, request.method, str(response.status_code)).inc()
-        if not template.endswith("/events"):
-            API_LATENCY.labels(template).observe(time.perf_counter() - started)
-        return response
 
     # -- goals --------------------------------------------------------------------------------
 
@@ -620,7 +636,8 @@ def create_app(
         return FileResponse(str(static / "index.html"), headers=_PAGE_HEADERS)
 
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
-    app.add_middleware(BodyLimit, limit=config.max_body)  # outermost: before anything reads a body
+    app.add_middleware(BodyLimit, limit=config.max_body)  # before anything reads a body
+    app.add_middleware(RequestMetrics)
     return app
 
 
