@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ import uvicorn
 from arq.connections import ArqRedis
 from helpers import TASKLOOM, eventually, run_cli
 from openapi_spec_validator import validate
+from redis.asyncio import Redis
 
 from bus.approvals import ApprovalBook
 from bus.client import Client
@@ -524,3 +526,27 @@ async def test_a_client_that_leaves_an_event_stream_stops_its_redis_reads(api: A
     await eventually(released, timeout=15)
     r = await api.http.get("/metrics", headers=api.auth("reader"))
     assert re.search(r'taskloom_api_requests_total\{method="GET",route="/v1/events",status="200"\} 3\.0', r.text)
+
+
+async def test_redis_unreachable_is_a_503_not_a_500(keys: Keys) -> None:
+    """With Redis gone, readiness fails and every request gets a JSON 503 with Retry-After."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # a port nobody listens on: bound, never listening (connections are refused)
+    dead = Redis.from_url(f"redis://127.0.0.1:{sock.getsockname()[1]}", socket_connect_timeout=1, socket_timeout=1)
+    book = TokenBook(parse_tokens(entry_for("boss", ["admin"], "secret-boss"), "test"))
+    try:
+        async with serving(Client(dead, keys, 1000), ApiConfig(tokens=book)) as url:  # type: ignore[arg-type]
+            async with httpx2.AsyncClient(base_url=url, timeout=20, trust_env=False) as http:
+                assert (await http.get("/healthz")).status_code == 200
+                r = await http.get("/readyz")
+                assert r.status_code == 503 and r.json()["ok"] is False
+                h = {"Authorization": "Bearer secret-boss"}
+                for r in (
+                    await http.get("/v1/goals", headers=h),
+                    await http.post("/v1/goals", json={"text": "x"}, headers=h),
+                ):
+                    assert r.status_code == 503 and error_of(r)["type"] == "unavailable", r.text
+                    assert r.headers["retry-after"] == "2"
+    finally:
+        await dead.aclose()
+        sock.close()

@@ -13,18 +13,18 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx2
 import pytest
 from arq.connections import ArqRedis
 from helpers import TASKLOOM, eventually
-from test_e2e import Scenario, fleet, spec, worker_env
+from test_e2e import Scenario, _first_user, fleet, role_of, spec, worker_env
 
 from bus.client import Client
 from bus.keys import Keys
 from bus.schemas import GoalState
-from llm.testing import FakeAnthropicServer
+from llm.testing import FakeAnthropicServer, RecordedRequest, Script, tool_reply
+from planner.prompts import PLAN_TOOL
 from taskloom.api.auth import entry_for
 
 pytestmark = pytest.mark.browser
@@ -99,13 +99,11 @@ GATED = "(needs approval)"
 class WipeAware(Scenario):
     """Goals whose text contains GATED get one task `w` calling the approval-gated `wipe` tool; others a -> b."""
 
-    def __call__(self, req: Any) -> Any:
-        from test_e2e import _first_user, role_of
-
-        if role_of(req) == "planner" and GATED in _first_user(req):
-            self.plans = {0: [{"tasks": [spec("w", tools=("wipe",))]}]}
-        elif role_of(req) == "planner":
-            self.plans = {0: [{"tasks": [spec("a"), spec("b", deps=("a",))]}]}
+    def __call__(self, req: RecordedRequest) -> Script:
+        if role_of(req) == "planner":
+            gated = GATED in _first_user(req)
+            tasks = [spec("w", tools=("wipe",))] if gated else [spec("a"), spec("b", deps=("a",))]
+            return tool_reply([(PLAN_TOOL, {"tasks": tasks})])
         return super().__call__(req)
 
 

@@ -320,6 +320,7 @@ def create_app(
         )
 
     @app.exception_handler(redis.exceptions.ConnectionError)
+    @app.exception_handler(redis.exceptions.TimeoutError)
     async def _redis_down(_: Request, exc: Exception) -> JSONResponse:
         log.warning("api.redis_unreachable", error=repr(exc))
         return _error(503, "unavailable", "Redis is unreachable; try again", headers={"Retry-After": "2"})
