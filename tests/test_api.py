@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -501,31 +502,38 @@ async def test_a_chunked_body_over_the_limit_is_refused(api: Api, redis: ArqRedi
     assert await redis.zcard(keys.goal_index()) == 0
 
 
-async def test_a_client_that_leaves_an_event_stream_stops_its_redis_reads(api: Api) -> None:
+async def test_a_client_that_leaves_an_event_stream_stops_its_redis_reads(redis_url: str, keys: Keys) -> None:
     """When the reader of an event stream disconnects, the server stops reading the stream for it."""
+    name = f"tl-sse-{uuid.uuid4().hex[:8]}"  # only this server's connections carry it (Redis may be shared)
+    own = Redis.from_url(redis_url, client_name=name)
+    book = TokenBook(parse_tokens(entry_for("reader", ["read"], "secret-reader"), "test"))
 
     async def blocked_reads() -> int:
-        clients = await api.client.redis.client_list()
-        return sum(1 for c in clients if "b" in c.get("flags", ""))  # b: blocked (XREAD ... BLOCK)
+        clients = await own.client_list()
+        return sum(1 for c in clients if c.get("name") == name and "b" in c.get("flags", ""))  # b: XREAD BLOCK
 
-    before = await blocked_reads()
-    for _ in range(3):
-        async with api.http.stream("GET", "/v1/events", headers=api.auth("reader")) as r:
-            assert r.status_code == 200
-            lines = r.aiter_lines()
-            assert await anext(lines) == "retry: 2000"
+    try:
+        async with serving(Client(own, keys, 1000), ApiConfig(tokens=book)) as url:  # type: ignore[arg-type]
+            async with httpx2.AsyncClient(base_url=url, timeout=20, trust_env=False) as http:
+                for _ in range(3):
+                    async with http.stream("GET", "/v1/events", headers={"Authorization": "Bearer secret-reader"}) as r:
+                        assert r.status_code == 200
+                        lines = r.aiter_lines()
+                        assert await anext(lines) == "retry: 2000"
 
-            async def reading() -> bool:
-                return await blocked_reads() > before
+                        async def reading() -> bool:
+                            return await blocked_reads() == 1
 
-            await eventually(reading, timeout=15)  # the server waits on Redis for this client
+                        await eventually(reading, timeout=15)  # the server waits on Redis for this client
 
-    async def released() -> bool:
-        return await blocked_reads() <= before
+                async def released() -> bool:
+                    return await blocked_reads() == 0
 
-    await eventually(released, timeout=15)
-    r = await api.http.get("/metrics", headers=api.auth("reader"))
-    assert re.search(r'taskloom_api_requests_total\{method="GET",route="/v1/events",status="200"\} 3\.0', r.text)
+                await eventually(released, timeout=15)
+                r = await http.get("/metrics", headers={"Authorization": "Bearer secret-reader"})
+                assert 'taskloom_api_requests_total{method="GET",route="/v1/events",status="200"}' in r.text
+    finally:
+        await own.aclose()
 
 
 async def test_redis_unreachable_is_a_503_not_a_500(keys: Keys) -> None:
