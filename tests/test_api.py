@@ -558,3 +558,21 @@ async def test_redis_unreachable_is_a_503_not_a_500(keys: Keys) -> None:
     finally:
         await dead.aclose()
         sock.close()
+
+
+async def test_insecure_local_needs_no_token_but_refuses_other_origins(redis: ArqRedis, keys: Keys) -> None:
+    """--insecure-local lets loopback callers in with every scope, but not a foreign page or a rebound host."""
+    async with serving(Client(redis, keys, 1000), ApiConfig(insecure_local=True)) as url:
+        async with httpx2.AsyncClient(base_url=url, timeout=20, trust_env=False) as http:
+            me = await http.get("/v1/me")
+            assert me.json() == {"name": "local", "scopes": ["admin", "approve", "read", "submit"]}
+            r = await http.post("/v1/goals", json={"text": "from curl"})
+            assert r.status_code == 201
+            host = url.removeprefix("http://")
+            r = await http.post("/v1/goals", json={"text": "same page"}, headers={"Origin": f"http://{host}"})
+            assert r.status_code == 201
+            r = await http.post("/v1/goals", json={"text": "evil"}, headers={"Origin": "https://evil.example"})
+            assert r.status_code == 403 and error_of(r)["type"] == "forbidden"
+            r = await http.get("/v1/goals", headers={"Host": "evil.example"})
+            assert r.status_code == 403
+    assert await redis.zcard(keys.goal_index()) == 2

@@ -228,6 +228,7 @@ def principal(
 ) -> Principal:
     config: ApiConfig = request.app.state.api_config
     if config.insecure_local:
+        _same_machine_only(request)
         return Principal("local", frozenset(SCOPES))
     token = creds.credentials if creds is not None else None
     # EventSource cannot send headers: event streams also take the token as `access_token`.
@@ -239,6 +240,18 @@ def principal(
     if who is None:
         raise ApiError(401, "unauthorized", "unknown API token")
     return who
+
+
+_LOOPBACK_HOST = re.compile(r"^(localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?$")
+
+
+def _same_machine_only(request: Request) -> None:
+    """Without tokens, a web page from elsewhere must not drive the API through the user's browser:
+    the Host must be a loopback name (no DNS rebinding) and a browser's Origin, if sent, this one."""
+    host = request.headers.get("host", "")
+    origin = request.headers.get("origin")
+    if not _LOOPBACK_HOST.match(host) or (origin is not None and origin != f"http://{host}"):
+        raise ApiError(403, "forbidden", "--insecure-local answers only same-origin requests to a loopback address")
 
 
 def need(scope: str) -> Callable[[Principal], Principal]:
