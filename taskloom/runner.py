@@ -18,12 +18,12 @@ from rich.tree import Tree
 
 from bus.client import Client, GoalStatus
 from bus.connection import connect
+from bus.consoles import console_url
 from bus.keys import ROLES
 from bus.ledger import Ledger, LedgerNotFound, LedgerSnapshot
 from bus.schemas import Goal, GoalRecord, TaskState
 from llm.port import ModelPort
 
-from .api.registry import console_url
 from .settings import Settings
 from .workers import keys_for, run_workers
 

@@ -441,7 +441,7 @@ def test_api_process_killed_loses_nothing_and_registers_its_console(
 
         async def url() -> str | None:
             from bus.connection import connect
-            from taskloom.api.registry import console_url
+            from bus.consoles import console_url
 
             async with connect(redis_url, tmp_path) as redis:
                 return await console_url(redis, Keys(prefix=prefix))

@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Annotated, Any
 
-import redis.exceptions
 import structlog
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bus.approvals import AlreadyDecided
 from bus.client import Client
+from bus.connection import UNREACHABLE
 from bus.goal_index import BadCursor, GoalIndex
 from bus.ledger import LedgerNotFound, LedgerSnapshot
 from bus.schemas import GOAL_ID_PATTERN, Event, Goal, GoalState, TaskResult
@@ -332,11 +332,12 @@ def create_app(
             str(exc),
         )
 
-    @app.exception_handler(redis.exceptions.ConnectionError)
-    @app.exception_handler(redis.exceptions.TimeoutError)
     async def _redis_down(_: Request, exc: Exception) -> JSONResponse:
         log.warning("api.redis_unreachable", error=repr(exc))
         return _error(503, "unavailable", "Redis is unreachable; try again", headers={"Retry-After": "2"})
+
+    for kind in UNREACHABLE:
+        app.add_exception_handler(kind, _redis_down)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:

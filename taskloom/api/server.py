@@ -13,12 +13,12 @@ import uvicorn
 
 from bus.client import Client
 from bus.connection import connect
+from bus.consoles import deregister, register_forever
 
 from ..metrics import refresh_queue_depth_forever
 from ..settings import Settings
 from ..workers import keys_for
 from .app import ApiConfig, create_app
-from .registry import deregister, register_forever
 
 
 class _Server(uvicorn.Server):

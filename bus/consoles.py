@@ -1,10 +1,9 @@
-"""Where the console runs: each API process registers its URL in Redis with a heartbeat, so that
-`taskloom run` and `taskloom demo` can print the console's address of a goal.
+"""Where the web console runs: each API process (`taskloom api`) registers its URL in Redis with a
+heartbeat, so that `taskloom run` and `taskloom demo` can print the console's address of a goal.
 
 One sorted set (`Keys.api_endpoints`), member = the console URL, score = the time (ms) until which
 the registration counts; refreshed every third of `ttl`, removed on a clean stop. A killed API
-process simply stops refreshing and drops out after `ttl`. This module needs no web framework, so
-the CLI can read it without the `api` extra installed.
+process simply stops refreshing and drops out after `ttl`.
 """
 
 from __future__ import annotations
@@ -15,9 +14,9 @@ import time
 import structlog
 from redis.asyncio import Redis
 
-from bus.keys import Keys
+from .keys import Keys
 
-log = structlog.get_logger("taskloom.api")
+log = structlog.get_logger("taskloom.consoles")
 
 
 def _now_ms() -> int:
