@@ -190,17 +190,25 @@ async def test_approve_from_the_inbox_and_the_goal_goes_on(console: Console) -> 
     assert "wipe" in await row.inner_text()
     assert '"target": "staging"' in await row.locator("pre.args").inner_text()
     await console.shot(page, "inbox")
+    # A second tab watches the goal, its task waiting for the decision.
+    watcher = await console.page()
+    await watcher.goto(f"{console.url}#/goals/{gid}")
+    await watcher.wait_for_selector('#dag g.node[data-task="w"][data-state="waiting_approval"]', timeout=WAIT_MS)
+    await watcher.evaluate("window.__same_page = true")
     await row.locator("button.approve").click()
     await page.wait_for_selector("#inbox-empty", timeout=WAIT_MS)
-    goal = await console.client.wait(gid, timeout=60)
+    # The watching tab sees the goal go on to succeeded, live, without a reload.
+    await watcher.wait_for_selector('[data-testid="goal-state"].succeeded', timeout=WAIT_MS)
+    await watcher.wait_for_selector('#dag g.node[data-task="w"][data-state="done"]', timeout=WAIT_MS)
+    await watcher.wait_for_selector('#event-rows tr[data-type="tool.approval_decided"]', timeout=WAIT_MS)
+    assert await watcher.evaluate("window.__same_page === true")
+    goal = await console.client.get(gid)
     assert goal.state is GoalState.SUCCEEDED, goal
     decided = [e.data for e in await console.client.log.read(gid) if e.type == "tool.approval_decided"]
     assert [(d["approved"], d["by"]) for d in decided] == [(True, "operator")]
     calls = [e.data for e in await console.client.log.read(gid) if e.type == "tool.call"]
     assert [c["outcome"] for c in calls if c["tool"] == "wipe"] == ["ok"], calls
-    await page.goto(f"{console.url}#/goals/{gid}")
-    await page.wait_for_selector('[data-testid="goal-state"].succeeded', timeout=WAIT_MS)
-    await console.shot(page, "approved-goal")
+    await console.shot(watcher, "approved-goal")
 
 
 async def test_goal_text_with_script_is_shown_as_text(console: Console) -> None:
