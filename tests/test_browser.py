@@ -23,7 +23,7 @@ from test_e2e import Scenario, _first_user, fleet, role_of, spec, worker_env
 from bus.client import Client
 from bus.keys import Keys
 from bus.schemas import GoalState
-from llm.testing import FakeAnthropicServer, RecordedRequest, Script, tool_reply
+from llm.testing import FakeAnthropicServer, RecordedRequest, Script, text_reply, tool_reply
 from planner.prompts import PLAN_TOOL
 from taskloom.api.auth import entry_for
 
@@ -94,12 +94,15 @@ def _start_api(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes],
 
 
 GATED = "(needs approval)"
+MODEL_MARKUP = '<img src="y" onerror="window.__pwned = 3">Answer <i>in markup</i>'
 
 
 class WipeAware(Scenario):
     """Goals whose text contains GATED get one task `w` calling the approval-gated `wipe` tool; others a -> b."""
 
     def __call__(self, req: RecordedRequest) -> Script:
+        if role_of(req) == "answer" and "<script>" in _first_user(req):
+            return text_reply(MODEL_MARKUP)  # a model's text is data too
         if role_of(req) == "planner":
             gated = GATED in _first_user(req)
             tasks = [spec("w", tools=("wipe",))] if gated else [spec("a"), spec("b", deps=("a",))]
@@ -212,7 +215,7 @@ async def test_approve_from_the_inbox_and_the_goal_goes_on(console: Console) -> 
 
 
 async def test_goal_text_with_script_is_shown_as_text(console: Console) -> None:
-    """Markup in a goal's text is displayed literally in the table and on the goal page, and never runs."""
+    """Markup in a goal's text and in a model's answer is displayed literally, and never runs."""
     text = '<script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2"><b>bold?</b>'
     gid = await console.client.submit(text)
     page = await console.page()
@@ -226,6 +229,8 @@ async def test_goal_text_with_script_is_shown_as_text(console: Console) -> None:
     await page.wait_for_selector('[data-testid="goal-state"].succeeded', timeout=WAIT_MS)
     await page.wait_for_selector('#event-rows tr[data-type="goal.state"]', timeout=WAIT_MS)
     assert "null" not in await page.inner_text("#goal-head")  # an absent part is left out, not printed
+    assert await page.text_content("#answer-text") == MODEL_MARKUP
+    assert await page.locator("#answer-text img, #answer-text i").count() == 0
     assert await page.evaluate("window.__pwned === undefined")
     await console.shot(page, "script-as-text")
 
