@@ -129,6 +129,15 @@ async def test_bad_input_gets_a_named_4xx_and_stores_nothing(api: Api, redis: Ar
         ({"json": ["text"]}, 422, None),
         ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 422, None),
         ({"json": {"text": "x" * 9000}}, 413, None),
+        ({"json": {"text": None}}, 422, "text"),
+        ({"content": b"\xff\xfe{", "headers": {"content-type": "application/json"}}, 400, None),
+        (
+            {"content": b'{"text": "x", "budget_tokens": 1e999}', "headers": {"content-type": "application/json"}},
+            422,
+            "budget_tokens",
+        ),
+        ({"content": b"text=x", "headers": {"content-type": "application/x-www-form-urlencoded"}}, 422, None),
+        ({"json": {"text": "x", "metadata": {"k": 1}}}, 422, "metadata.k"),
     ]
     for kwargs, status, fld in cases:
         headers = {**h, **kwargs.pop("headers", {})}
