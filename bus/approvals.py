@@ -54,7 +54,8 @@ class AlreadyDecided(NotFound):
 
     def __init__(self, goal_id: str, call_id: str, decision: str) -> None:
         super().__init__("pending approval request", f"{goal_id}/{call_id}")
-        self.args = (f"tool call {goal_id}/{call_id} was already decided ({decision.split(':', 1)[0]})",)
+        verdict = decision.split(":", 1)[0]
+        self.args = (f"pending approval request '{goal_id}/{call_id}' not found: it was already decided ({verdict})",)
         self.goal_id = goal_id
         self.call_id = call_id
         self.decision = decision

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from arq.connections import ArqRedis
+from arq.constants import result_key_prefix
 from pydantic import BaseModel, ConfigDict
 
 from .approvals import AlreadyDecided, ApprovalBook, PendingApproval
 from .connection import connect
 from .events import EventLog
-from .jobs import ExecuteJob, Jobs, PlanJob
+from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
 from .keys import Keys
 from .ledger import Ledger
 from .schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, StoredPlan, TaskRecord
@@ -160,6 +161,31 @@ class Client:
         """
         self._check_id(goal_id)
         return await self.store.cancel_goal(goal_id, reason)
+
+    async def resume(self, goal_id: str, budget_tokens: int | None = None) -> GoalRecord:
+        """Restart a `failed` or `budget_exhausted` goal (after an outage, or with a new budget).
+
+        Accepted tasks are kept; the others are dispatched again as new attempts (a side effect an
+        earlier attempt made is not repeated, see docs/internals.md); a goal that never got a plan
+        is planned again. `budget_tokens` replaces the goal's budget and must exceed what it has
+        spent. Idempotent: a goal already moving again is returned as it is. Raises
+        `IllegalTransition` for a succeeded or cancelled goal, `NotFound` for an unknown one.
+        """
+        goal = await self.get(goal_id)
+        version = max(1, goal.plan_version)
+        # The goal-level jobs of the ended run keep their deterministic ids (and arq refuses an id
+        # whose result it still keeps): their results are voided with the resume.
+        ended_jobs: list[JobPayload] = [
+            PlanJob(goal_id=goal_id),
+            ReviewGoalJob(goal_id=goal_id, plan_version=version),
+            ReplanJob(goal_id=goal_id, plan_version=version),
+        ]
+        forget = [f"{result_key_prefix}{self.jobs.job_id(job)}" for job in ended_jobs]
+        target = await self.store.resume_goal(goal_id, budget_tokens, forget)
+        if target is not None:
+            # A plan job redoes planning, or (running) dispatches every pending task whose inputs are done.
+            await self.jobs.enqueue(PlanJob(goal_id=goal_id, redrive=int(time.time() * 1000)))
+        return await self.get(goal_id)
 
     async def approvals(self, goal_id: str) -> dict[str, dict[str, Any]]:
         """Tool calls of this goal waiting for a person's decision, by call id."""

@@ -7,9 +7,11 @@ is a no-op in arq: it refuses a job id whose job or result key still exists.
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
 from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix, job_key_prefix
 from pydantic import BaseModel, ConfigDict, Field
 
 from .keys import Keys
@@ -23,9 +25,16 @@ class JobPayload(BaseModel):
 
     role: ClassVar[str]
     function: ClassVar[str]
+    # 0 normally; the supervisor re-drives a stranded goal or task with a new number, so that the
+    # job gets a fresh id (arq refuses an id whose failed or finished result it still keeps).
+    redrive: int = Field(default=0, ge=0)
 
     def id_parts(self) -> tuple[str | int, ...]:
         raise NotImplementedError
+
+    def slot(self) -> str:
+        """What this job drives: `goal`, or `task:<id>` (the supervisor's bookkeeping)."""
+        return "goal"
 
 
 class PlanJob(JobPayload):
@@ -75,6 +84,9 @@ class ExecuteJob(JobPayload):
         base: tuple[str | int, ...] = (self.goal_id, self.task_id, self.attempt)
         return base if not self.resume else (*base, f"r{self.resume}")
 
+    def slot(self) -> str:
+        return f"task:{self.task_id}"
+
 
 class ReviewJob(JobPayload):
     role = "critic"
@@ -85,6 +97,9 @@ class ReviewJob(JobPayload):
 
     def id_parts(self) -> tuple[str | int, ...]:
         return (self.goal_id, self.task_id, self.attempt)
+
+    def slot(self) -> str:
+        return f"task:{self.task_id}"
 
 
 class ReviewGoalJob(JobPayload):
@@ -112,22 +127,49 @@ class Jobs:
         self.keys = keys
 
     def job_id(self, job: JobPayload) -> str:
-        return self.keys.job_id(job.function, *job.id_parts())
+        parts = job.id_parts()
+        return self.keys.job_id(job.function, *parts, *([f"d{job.redrive}"] if job.redrive else []))
 
     async def enqueue(self, job: JobPayload) -> bool:
         """Enqueue `job` on its role's queue. False when that exact job was already enqueued."""
+        payload = job.model_dump(mode="json", exclude_defaults=False)
         queued = await self.redis.enqueue_job(
-            job.function,
-            job.model_dump(mode="json"),
-            _job_id=self.job_id(job),
-            _queue_name=self.keys.queue(job.role),
+            job.function, payload, _job_id=self.job_id(job), _queue_name=self.keys.queue(job.role)
         )
         if queued is None:
             return False
+        goal_id = getattr(job, "goal_id", None)
+        if goal_id is not None:
+            # The supervisor's view of who drives what: the last job enqueued for each slot.
+            record = json.dumps({"job_id": self.job_id(job), "function": job.function, "payload": payload})
+            await self.redis.hset(self.keys.drivers(goal_id), job.slot(), record)  # type: ignore[misc]
         # Wake the role's idle workers now (taskloom.wake); if this write is lost, their fallback
         # poll still finds the job, just later.
         await self.redis.xadd(self.keys.wake(job.role), {"job": self.job_id(job)}, maxlen=WAKE_MAXLEN, approximate=True)
         return True
+
+
+    async def drivers(self, goal_id: str) -> dict[str, tuple[str, JobPayload | None, bool]]:
+        """The last job enqueued for each of the goal's slots: (job id, payload, still queued or running).
+
+        arq keeps a job's key from enqueue until it finishes, through deferred retries (`Retry`) and
+        through a re-run after its worker died; a finished or failed job has none.
+        """
+        raw = await self.redis.hgetall(self.keys.drivers(goal_id))  # type: ignore[misc]
+        rows: list[tuple[str, str, JobPayload | None]] = []
+        for slot, value in raw.items():
+            try:
+                record = json.loads(value)
+                payload: JobPayload | None = parse_payload(record["function"], record["payload"])
+                job_id = str(record["job_id"])
+            except (ValueError, KeyError, TypeError):
+                payload, job_id = None, ""  # a damaged record drives nothing
+            rows.append((slot.decode() if isinstance(slot, bytes) else str(slot), job_id, payload))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _, job_id, _ in rows:
+                pipe.exists(job_key_prefix + job_id, in_progress_key_prefix + job_id)
+            counts = await pipe.execute()
+        return {slot: (job_id, payload, bool(n)) for (slot, job_id, payload), n in zip(rows, counts, strict=True)}
 
 
 def parse_payload(function: str, raw: Any) -> JobPayload:

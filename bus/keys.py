@@ -1,7 +1,8 @@
 """Every Redis key, stream, queue name and job id taskloom uses, under one prefix.
 
-Nothing else in the code base builds a key by hand: two deployments sharing one Redis differ only
-in their prefix, so everything they write must come from here.
+Two deployments sharing one Redis differ only in their prefix, so everything they write must be
+named here. Where a key is derived from another inside a Lua script or a store method (a task's hash
+is `tasks(goal) + ":" + task_id`, its id set `tasks(goal) + ":ids"`), the method here says so.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class Keys:
         return f"{self.prefix}goal:{goal_id}"
 
     def tasks(self, goal_id: str) -> str:
-        """Hash: task id -> TaskRecord JSON (one hash, so a whole DAG's state is one read)."""
+        """Prefix of a goal's task records: one hash per task at `<this>:<task id>` (state, attempt,
+        plan version...), and the set of the goal's task ids at `<this>:ids` (so `ids` is a reserved
+        task id)."""
         return f"{self.prefix}goal:{goal_id}:tasks"
 
     def plan(self, goal_id: str, version: int) -> str:
@@ -69,6 +72,26 @@ class Keys:
     def submitted_index(self) -> str:
         """Sorted set of goals not yet picked up by a planner, by submission time (reconciler)."""
         return f"{self.prefix}goals:submitted"
+
+    def active_index(self) -> str:
+        """Sorted set of every non-terminal goal by the time it last made progress (supervisor)."""
+        return f"{self.prefix}goals:active"
+
+    def drivers(self, goal_id: str) -> str:
+        """Hash: slot (`goal` or `task:<id>`) -> id of the last job enqueued for it (supervisor)."""
+        return f"{self.prefix}goal:{goal_id}:drivers"
+
+    def provider_trouble(self, goal_id: str) -> str:
+        """When the goal's current provider trouble began (ms); deleted by its next successful call."""
+        return f"{self.prefix}goal:{goal_id}:provider-trouble"
+
+    def job_errors(self, job_id: str) -> str:
+        """Counter of a job's unexpected errors (bus.retry bounds them; provider trouble is separate)."""
+        return f"{job_id}:errors"
+
+    def side_effects(self, goal_id: str, task_id: str) -> str:
+        """Hash: `tool:args digest` -> the side-effecting call's record, across the task's attempts."""
+        return f"{self.prefix}goal:{goal_id}:effects:{task_id}"
 
     def approvals_pending(self) -> str:
         """Sorted set of `goal_id call_id` awaiting a decision, by request time (the approvals inbox)."""

@@ -28,6 +28,7 @@ from llm.types import ModelRequest, ModelResponse
 
 from .ledger import BudgetExhausted, Ledger, Reservation
 from .observe import observe
+from .retry import TroubleClock
 
 log = structlog.get_logger("taskloom.ledger")
 
@@ -65,10 +66,11 @@ class MeteredModel:
     sent) and `bus.ledger.LedgerNotFound` (the goal's books were never opened).
     """
 
-    def __init__(self, inner: ModelPort, ledger: Ledger, goal_id: str) -> None:
+    def __init__(self, inner: ModelPort, ledger: Ledger, goal_id: str, trouble: TroubleClock | None = None) -> None:
         self.inner = inner
         self.ledger = ledger
         self.goal_id = goal_id
+        self.trouble = trouble  # a successful call ends the goal's provider trouble (bus.retry)
         self.name = inner.name
         self.model = inner.model
 
@@ -118,6 +120,8 @@ class MeteredModel:
         try:
             if response is not None:
                 await self.ledger.settle(reservation, response.usage, model=response.model)
+                if self.trouble is not None:
+                    await self.trouble.succeeded(self.goal_id)
             elif failure is not None and nothing_billed(failure):
                 await self.ledger.release(reservation)
             else:
@@ -143,15 +147,16 @@ async def _shielded(coro: Coroutine[Any, Any, None]) -> None:
 class ModelFactory:
     """The one place the roles get a model from: always the configured model, metered per goal."""
 
-    def __init__(self, inner: ModelPort, ledger: Ledger) -> None:
+    def __init__(self, inner: ModelPort, ledger: Ledger, trouble: TroubleClock | None = None) -> None:
         if isinstance(inner, MeteredModel):
             raise TypeError("ModelFactory wraps the provider's model, not an already metered one")
         self._inner = inner
         self._ledger = ledger
+        self._trouble = trouble
 
     @property
     def model(self) -> str:
         return self._inner.model
 
     def for_goal(self, goal_id: str) -> MeteredModel:
-        return MeteredModel(self._inner, self._ledger, goal_id)
+        return MeteredModel(self._inner, self._ledger, goal_id, self._trouble)

@@ -46,6 +46,15 @@ class Observer:
     def tool_call(self, tool: str, outcome: str, seconds: float) -> None:
         """A tool call ended with `outcome` (executor.gateway's outcome names)."""
 
+    def job_retry(self, role: str, function: str, cause: str) -> None:
+        """A job will run again later (`bus.retry`): `cause` is provider, redis or internal."""
+
+    def goal_given_up(self, cause: str) -> None:
+        """The job layer failed a goal: `cause` is provider (patience over or terminal error) or internal."""
+
+    def redrive(self, job: str) -> None:
+        """The supervisor re-drove a stranded goal or task with a `job` job."""
+
 
 _current = Observer()
 

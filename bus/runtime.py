@@ -18,11 +18,18 @@ from .events import EventLog
 from .jobs import Jobs
 from .keys import Keys
 from .ledger import BudgetExhausted, Ledger
+from .retry import RetryPolicy
 from .schemas import GoalState
 from .store import IllegalTransition, Store
 
 T = TypeVar("T")
 log = structlog.get_logger("taskloom.ledger")
+
+
+class ToolDefinitions(Protocol):
+    """The worker's current tool catalog (its MCP servers' lists can change while it runs)."""
+
+    async def definitions(self) -> list[ToolDef]: ...
 
 
 class ModelSource(Protocol):
@@ -46,6 +53,7 @@ class Limits:
     tool_timeout: float = 30.0  # default per-call tool timeout, seconds
     dependency_result_limit: int = 2000  # characters of each dependency's result in a task's context
     loop_window: int = 8  # a repeated identical call within this many calls is a loop
+    tool_select_limit: int = 16  # tools offered to the planner / a task at most, chosen by their words (0: all)
     compact_after_tokens: int = 20_000  # condense older steps once the prompt passes this estimate
     lease_ttl: float = 15.0  # a dead executor's task is picked up again after about this long
 
@@ -60,7 +68,9 @@ class Runtime:
     models: ModelSource | None = None
     ledger: Ledger | None = None
     limits: Limits = field(default_factory=Limits)
-    tool_catalog: tuple[ToolDef, ...] = ()  # every loaded tool, for the planner's prompt
+    tool_catalog: tuple[ToolDef, ...] = ()  # every loaded tool, for the planner's prompt (fixed)
+    tools: ToolDefinitions | None = None  # or the live catalog the executors use, when set
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # the job layer's retries (bus.retry)
 
     @classmethod
     def build(cls, redis: ArqRedis, keys: Keys, events_maxlen: int = 10_000, **extra: Any) -> Runtime:
@@ -83,6 +93,10 @@ class Runtime:
             with contextlib.suppress(IllegalTransition):  # it ended another way meanwhile
                 await self.store.transition_goal(goal_id, GoalState.BUDGET_EXHAUSTED, reason=str(exc))
             return None
+
+    async def tool_definitions(self) -> list[ToolDef]:
+        """Every tool the planner may assign: the same catalog the executors run from."""
+        return await self.tools.definitions() if self.tools is not None else list(self.tool_catalog)
 
     def model_for(self, goal_id: str) -> ModelPort:
         if self.models is None:

@@ -1,9 +1,10 @@
 """The records that cross a process boundary: goals, plans, tasks, results, verdicts, events.
 
 `Plan` and `Verdict` are also the input schemas of the model-facing tools `submit_plan` and
-`submit_verdict` (DESIGN.md, "Model protocol"): their field names are a contract with the model,
-so they stay as they are. Every record read back from Redis is validated again (`model_validate_json`):
-a corrupt record is an error naming the field, never a silently wrong value.
+`submit_verdict` (see "The model protocol" in docs/internals.md): their field names are a
+contract with the model, so they stay as they are. Every record read back from Redis is validated
+again (`model_validate_json`): a corrupt record is an error naming the field, never a silently wrong
+value.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 # Token usage is the model port's own type: one definition for the wire, the ledger and results.
 from llm.types import Usage
@@ -22,8 +23,19 @@ from llm.types import Usage
 TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 GOAL_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
+# A goal's task hashes live at `<tasks key>:<task id>` beside its task-id set `<tasks key>:ids`, so a
+# task named `ids` would overwrite the set and silently vanish from the DAG.
+RESERVED_TASK_IDS = frozenset({"ids"})
+
+
+def _not_reserved(task_id: str) -> str:
+    if task_id in RESERVED_TASK_IDS:
+        raise ValueError(f"task id {task_id!r} is reserved; choose another id")
+    return task_id
+
+
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
-TaskId = Annotated[str, StringConstraints(pattern=TASK_ID_PATTERN)]
+TaskId = Annotated[str, StringConstraints(pattern=TASK_ID_PATTERN), AfterValidator(_not_reserved)]
 GoalId = Annotated[str, StringConstraints(pattern=GOAL_ID_PATTERN)]
 
 JsonScalar = str | int | float | bool | None
@@ -88,6 +100,7 @@ class GoalRecord(_Model):
     budget_tokens: int = Field(gt=0)
     plan_version: int = Field(default=0, ge=0)
     replans: int = Field(default=0, ge=0)
+    resumes: int = Field(default=0, ge=0, description="times `resume` restarted it after it failed")
     answer: str | None = None
     reason: str | None = Field(default=None, description="why it failed, was cancelled or ran out")
     created_at: datetime = Field(default_factory=utcnow)
@@ -253,6 +266,22 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     TaskState.CANCELLED: frozenset(),
     TaskState.SUPERSEDED: frozenset({TaskState.PENDING}),
 }
+
+
+# `resume` (Client.resume) is the one way out of `failed` and `budget_exhausted`, in its own script:
+# to `planning` (no plan yet) or `running`. It is not in GOAL_TRANSITIONS, so that no late job of the
+# ended run can move such a goal. Its tasks in these states go back to `pending`; `done` ones stay.
+GOAL_RESUMABLE = frozenset({GoalState.FAILED, GoalState.BUDGET_EXHAUSTED})
+RESUME_RESETS = frozenset(
+    {
+        TaskState.READY,
+        TaskState.RUNNING,
+        TaskState.WAITING_APPROVAL,
+        TaskState.REVIEWING,
+        TaskState.RETRYING,
+        TaskState.FAILED,
+    }
+)
 
 
 def goal_sources(target: GoalState) -> frozenset[GoalState]:

@@ -16,6 +16,8 @@ can be mangled by Lua's cjson (which, for one, turns an empty list into an objec
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,7 +26,9 @@ from redis.asyncio import Redis
 from . import events as ev
 from .keys import Keys
 from .schemas import (
+    GOAL_TERMINAL,
     GOAL_TRANSITIONS,
+    RESUME_RESETS,
     TASK_TERMINAL,
     TASK_TRANSITIONS,
     Event,
@@ -91,9 +95,10 @@ class AlreadyExists(StoreError):
         return (type(self), (self.what, self.ident))
 
 
-# KEYS: entity hash, goal stream, global stream, [a sorted set to leave on any move]
+# KEYS: entity hash, goal stream, global stream, a sorted set to leave on any move, active-goal index
 # ARGV: target, allowed sources (comma-separated), expected attempt ('' = any), event JSON ('' = none),
-#       maxlen, member to remove from KEYS[4] ('' = none), then field/value pairs to set.
+#       maxlen, member to remove from KEYS[4] ('' = none), goal id, progress score ('remove' = the goal
+#       ended: leave the active index), then field/value pairs to set.
 # Returns {'ok', previous} | {'same', state} | {'missing'} | {'illegal', current} | {'stale', attempt}
 _TRANSITION = """
 local cur = redis.call('HGET', KEYS[1], 'state')
@@ -109,10 +114,15 @@ for s in string.gmatch(ARGV[2], '[^,]+') do
 end
 if not allowed then return {'illegal', cur} end
 redis.call('HSET', KEYS[1], 'state', ARGV[1])
-for i = 7, #ARGV, 2 do
+for i = 9, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
 end
-if KEYS[4] and ARGV[6] ~= '' then redis.call('ZREM', KEYS[4], ARGV[6]) end
+if ARGV[6] ~= '' then redis.call('ZREM', KEYS[4], ARGV[6]) end
+if ARGV[8] == 'remove' then
+  redis.call('ZREM', KEYS[5], ARGV[7])
+else
+  redis.call('ZADD', KEYS[5], 'XX', ARGV[8], ARGV[7])
+end
 if ARGV[4] ~= '' then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[4])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', tonumber(ARGV[5]) * 10, '*', 'e', ARGV[4])
@@ -120,7 +130,7 @@ end
 return {'ok', cur}
 """
 
-# KEYS: goal hash, goal index, submitted index, goal stream, global stream
+# KEYS: goal hash, goal index, submitted index, goal stream, global stream, active-goal index
 # ARGV: goal id, record JSON, state, created score, updated_at, event JSON, maxlen
 _CREATE_GOAL = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -128,6 +138,7 @@ redis.call('HSET', KEYS[1], 'state', ARGV[3], 'record', ARGV[2], 'plan_version',
            'updated_at', ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+redis.call('ZADD', KEYS[6], ARGV[4], ARGV[1])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[6])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', tonumber(ARGV[7]) * 10, '*', 'e', ARGV[6])
 return 1
@@ -163,7 +174,7 @@ return {'ok', tostring(v)}
 """
 
 # Cancel a goal and every task of it that has not ended, in one step.
-# KEYS: goal hash, task-id set, goal stream, global stream, submitted index
+# KEYS: goal hash, task-id set, goal stream, global stream, submitted index, active-goal index
 # ARGV: goal sources (comma-separated), task terminal states (comma-separated), reason, updated_at,
 #       event JSON, maxlen, task-key prefix, goal id
 # The task keys are derived in the script from the id set: taskloom targets a single Redis (or
@@ -177,6 +188,7 @@ for s in string.gmatch(ARGV[1], '[^,]+') do if s == cur then allowed = true end 
 if not allowed then return {'illegal', cur} end
 redis.call('HSET', KEYS[1], 'state', 'cancelled', 'reason', ARGV[3], 'updated_at', ARGV[4])
 redis.call('ZREM', KEYS[5], ARGV[8])
+redis.call('ZREM', KEYS[6], ARGV[8])
 local terminal = {}
 for s in string.gmatch(ARGV[2], '[^,]+') do terminal[s] = true end
 local n = 0
@@ -191,6 +203,63 @@ end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', tonumber(ARGV[6]) * 10, '*', 'e', ARGV[5])
 return {'ok', cur, tostring(n)}
+"""
+
+
+# Resume a failed or budget_exhausted goal (the only ways out of those states; the state machine's
+# table keeps them final for every other writer). Accepted (`done`) tasks stay; every other task of
+# the goal that had not ended for good goes back to `pending`, to be dispatched as a new attempt.
+# KEYS: goal hash, task-id set, goal stream, global stream, active index, provider-trouble key,
+#       goal ledger, then arq result keys of the goal-level jobs to forget (their outcome is void).
+# ARGV: updated_at, event JSON (its state is patched in), maxlen, task-key prefix, goal id, now,
+#       new budget ('' = unchanged), task states reset to pending (comma-separated)
+# Returns {'ok', previous, target, resumes} | {'same', state} | {'illegal', state} | {'missing'}
+#       | {'budget', spent}
+_RESUME = """
+local cur = redis.call('HGET', KEYS[1], 'state')
+if not cur then return {'missing'} end
+if cur ~= 'failed' and cur ~= 'budget_exhausted' then
+  if cur == 'succeeded' or cur == 'cancelled' then return {'illegal', cur} end
+  return {'same', cur}
+end
+if ARGV[7] ~= '' then
+  local spent = tonumber(redis.call('HGET', KEYS[7], 'spent') or '0')
+  local reserved = tonumber(redis.call('HGET', KEYS[7], 'reserved') or '0')
+  if tonumber(ARGV[7]) <= spent + reserved then return {'budget', tostring(spent + reserved)} end
+  redis.call('HSET', KEYS[7], 'budget', ARGV[7])
+  redis.call('HSET', KEYS[1], 'budget_tokens', ARGV[7])
+end
+local target = 'running'
+if (redis.call('HGET', KEYS[1], 'plan_version') or '0') == '0' then target = 'planning' end
+local resumes = redis.call('HINCRBY', KEYS[1], 'resumes', 1)
+redis.call('HSET', KEYS[1], 'state', target, 'replans', '0', 'updated_at', ARGV[1])
+redis.call('HDEL', KEYS[1], 'reason')
+local reset = {}
+for s in string.gmatch(ARGV[8], '[^,]+') do reset[s] = true end
+for _, tid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  local tkey = ARGV[4] .. tid
+  local ts = redis.call('HGET', tkey, 'state')
+  if ts and reset[ts] then
+    redis.call('HSET', tkey, 'state', 'pending', 'reason', 'goal resumed', 'updated_at', ARGV[1])
+  end
+end
+redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
+redis.call('DEL', KEYS[6])
+for i = 8, #KEYS do redis.call('DEL', KEYS[i]) end
+local event = string.gsub(ARGV[2], '__TARGET__', target)
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', event)
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', tonumber(ARGV[3]) * 10, '*', 'e', event)
+return {'ok', cur, target, tostring(resumes)}
+"""
+
+
+# The supervisor claims a goal whose last progress is older than its bound, so that one planner
+# worker (of many) examines it per bound. KEYS: active index. ARGV: goal id, cutoff, now.
+_CLAIM_STALE = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) > tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 1
 """
 
 
@@ -215,6 +284,8 @@ class Store:
         self._create_goal = redis.register_script(_CREATE_GOAL)
         self._save_plan = redis.register_script(_SAVE_PLAN)
         self._cancel = redis.register_script(_CANCEL)
+        self._claim_stale = redis.register_script(_CLAIM_STALE)
+        self._resume = redis.register_script(_RESUME)
 
     def _task_key(self, goal_id: str, task_id: str) -> str:
         return f"{self.keys.tasks(goal_id)}:{task_id}"
@@ -236,6 +307,7 @@ class Store:
                 self.keys.goal_index(),
                 self.keys.submitted_index(),
                 *self._streams(record.id),
+                self.keys.active_index(),
             ],
             args=[
                 record.id,
@@ -261,6 +333,8 @@ class Store:
                 "state": h["state"],
                 "plan_version": int(h.get("plan_version", 0)),
                 "replans": int(h.get("replans", 0)),
+                "resumes": int(h.get("resumes", 0)),
+                "budget_tokens": int(h.get("budget_tokens") or core["budget_tokens"]),
                 "answer": h.get("answer"),
                 "reason": h.get("reason"),
                 "updated_at": h.get("updated_at") or core["created_at"],
@@ -328,6 +402,65 @@ class Store:
         )
         return [_s(i) for i in ids]
 
+    async def resume_goal(
+        self, goal_id: str, budget_tokens: int | None = None, forget: Sequence[str] = ()
+    ) -> GoalState | None:
+        """Restart a `failed` or `budget_exhausted` goal: `planning` when it never got a plan, else
+        `running`, with its accepted tasks kept and the others back to `pending`. Returns the new
+        state, or None when the goal is already moving again (idempotent). Raises `IllegalTransition`
+        for a succeeded or cancelled goal, and `ValueError` when `budget_tokens` does not exceed what
+        the goal has spent (and holds reserved). `forget`: result keys of goal-level jobs to void.
+        """
+        event = Event(type="goal.state", goal_id=goal_id, data={"state": "__TARGET__", "resumed": True})
+        out = await self._resume(
+            keys=[
+                self.keys.goal(goal_id),
+                self._task_ids_key(goal_id),
+                *self._streams(goal_id),
+                self.keys.active_index(),
+                self.keys.provider_trouble(goal_id),
+                self.keys.ledger(goal_id),
+                *forget,
+            ],
+            args=[
+                utcnow().isoformat(),
+                ev.encode(event),
+                self.maxlen,
+                f"{self.keys.tasks(goal_id)}:",
+                goal_id,
+                f"{time.time():.3f}",
+                "" if budget_tokens is None else str(budget_tokens),
+                _csv(s.value for s in RESUME_RESETS),
+            ],
+        )
+        tag = _s(out[0])
+        if tag == "missing":
+            raise NotFound("goal", goal_id)
+        if tag == "illegal":
+            raise IllegalTransition(f"goal {goal_id}", _s(out[1]), "resumed")
+        if tag == "budget":
+            raise ValueError(f"budget_tokens must exceed what the goal has spent and reserved ({_s(out[1])})")
+        if tag == "same":
+            return None
+        return GoalState(_s(out[2]))
+
+    async def stale_goals(self, idle_for: float, limit: int = 200) -> list[str]:
+        """Non-terminal goals that made no progress for `idle_for` seconds, each claimed (for another
+        `idle_for`) by this caller alone: the supervisor's work list, read without a SCAN."""
+        now = time.time()
+        cutoff = now - idle_for
+        ids = await self.redis.zrangebyscore(self.keys.active_index(), "-inf", cutoff, start=0, num=limit)
+        claimed = []
+        for raw in ids:
+            gid = _s(raw)
+            if await self._claim_stale(keys=[self.keys.active_index()], args=[gid, cutoff, f"{now:.3f}"]):
+                claimed.append(gid)
+        return claimed
+
+    async def drop_inactive(self, goal_id: str) -> None:
+        """Take an ended (or vanished) goal off the supervisor's index."""
+        await self.redis.zrem(self.keys.active_index(), goal_id)
+
     async def cancel_goal(self, goal_id: str, reason: str = "cancelled by request") -> bool:
         """Cancel the goal and all its unfinished tasks atomically. False if already cancelled."""
         now = utcnow().isoformat()
@@ -338,6 +471,7 @@ class Store:
                 self._task_ids_key(goal_id),
                 *self._streams(goal_id),
                 self.keys.submitted_index(),
+                self.keys.active_index(),
             ],
             args=[
                 _csv(goal_sources(GoalState.CANCELLED)),
@@ -516,6 +650,7 @@ class Store:
         patch: dict[str, str | int],
         leave: tuple[str, str] | None = None,
     ) -> list[Any]:
+        ended = key == self.keys.goal(goal_id) and target in {s.value for s in GOAL_TERMINAL}
         args: list[str | int] = [
             target,
             _csv(s.value for s in sources),
@@ -523,10 +658,15 @@ class Store:
             ev.encode(event),
             self.maxlen,
             leave[1] if leave else "",
+            goal_id,
+            # Every move of the goal or one of its tasks is progress: the supervisor looks only at
+            # goals whose last progress is older than its bound.
+            "remove" if ended else f"{time.time():.3f}",
         ]
         for k, v in patch.items():
             args += [k, v]
-        keys = [key, *self._streams(goal_id), *([leave[0]] if leave else [])]
+        leave_key = leave[0] if leave else self.keys.submitted_index()  # untouched when ARGV[6] is ''
+        keys = [key, *self._streams(goal_id), leave_key, self.keys.active_index()]
         out: list[Any] = await self._transition(keys=keys, args=args)
         return out
 

@@ -3,6 +3,10 @@
 Whatever goes wrong with a call (a tool that is not allowed or does not exist, invalid arguments,
 an exception, a timeout) becomes an `ERROR: ...` observation with `is_error`, which the model can
 react to; it never crashes the loop. The full traceback goes to the log, never to the model.
+
+Tools come from several sources (`executor.sources`: Python toolkits, MCP servers); the gateway
+sees one registry and applies one policy to all of them. A source only ever runs a call that the
+gateway validated and handed to `invoke`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from bus.events import EventLog
 from bus.observe import observe
@@ -23,7 +27,7 @@ from bus.schemas import Event
 from llm.types import ToolDef, ToolUseBlock
 
 from .registry import ToolRegistry
-from .toolkit import Tool, ToolContext
+from .sources.base import CatalogTool, InvalidArguments, OutcomeUnknown, ToolContext, ToolError
 
 log = structlog.get_logger("taskloom.tools")
 
@@ -100,10 +104,10 @@ class ToolGateway:
     def definitions(self) -> list[ToolDef]:
         return self.registry.definitions(self.allowed)
 
-    def tool(self, name: str) -> Tool | None:
+    def tool(self, name: str) -> CatalogTool | None:
         return self.registry.get(name) if name in self.allowed else None
 
-    def validate(self, call: ToolUseBlock) -> tuple[Tool, BaseModel] | ToolOutcome:
+    def validate(self, call: ToolUseBlock) -> tuple[CatalogTool, Any] | ToolOutcome:
         """The tool and its validated arguments, or the ERROR outcome the model should see."""
         if call.name not in self.allowed:
             listed = ", ".join(self.allowed) or "(none)"
@@ -112,12 +116,9 @@ class ToolGateway:
             return error_outcome(call, "unknown_tool", f"unknown tool {call.name!r}; available: {listed}")
         tool = self.registry.tools[call.name]
         try:
-            args = tool.params.model_validate(call.input)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors(include_url=False)
-            )
-            return error_outcome(call, "invalid_args", f"invalid arguments for {call.name}: {problems}")
+            args = tool.parse(call.input)
+        except InvalidArguments as exc:
+            return error_outcome(call, "invalid_args", f"invalid arguments for {call.name}: {exc}")
         return tool, args
 
     async def run(self, call: ToolUseBlock, ctx: ToolContext) -> ToolOutcome:
@@ -133,7 +134,7 @@ class ToolGateway:
         return outcome
 
     async def invoke(
-        self, call: ToolUseBlock, tool: Tool, args: BaseModel, ctx: ToolContext, started: float | None = None
+        self, call: ToolUseBlock, tool: CatalogTool, args: Any, ctx: ToolContext, started: float | None = None
     ) -> ToolOutcome:
         """Run an already validated call; failures become ERROR outcomes (not audited here)."""
         started = time.perf_counter() if started is None else started
@@ -148,6 +149,13 @@ class ToolGateway:
             )
         except asyncio.CancelledError:
             raise
+        except OutcomeUnknown as exc:
+            # The source lost the call midway (e.g. an MCP server died): it may have taken effect.
+            log.warning("tool.outcome_unknown", tool=call.name, call_id=call.id, detail=str(exc))
+            return error_outcome(call, "unknown_outcome", f"tool {call.name}: {exc}", time.perf_counter() - started)
+        except ToolError as exc:
+            # A failure the tool reported itself (an MCP isError result): its words, no traceback.
+            return error_outcome(call, "error", f"tool {call.name} failed: {exc}", time.perf_counter() - started)
         except Exception as exc:
             log.warning("tool.exception", tool=call.name, call_id=call.id, exc_info=True)
             return error_outcome(

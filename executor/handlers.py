@@ -15,16 +15,19 @@ from collections.abc import Callable
 import structlog
 
 from bus.approvals import ApprovalBook
+from bus.effects import SideEffects
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
 from bus.runtime import Runtime
 from bus.schemas import GOAL_TERMINAL, Event, GoalState, TaskResult, TaskState
 from bus.store import IllegalTransition, NotFound, StaleWrite
+from llm.toolselect import select_tools
 from llm.types import ToolUseBlock
 
 from .gateway import ToolGateway, digest
 from .loop import Approvals, Handover, Loop, Paused, TaskInput
 from .registry import ToolRegistry
+from .sources.catalog import ToolCatalog
 from .steps import AttemptStore, LeaseLost, claim_expired, now_ms
 from .toolkit import ToolContext
 
@@ -64,14 +67,33 @@ async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback:
         record = await rt.store.get_task(job.goal_id, dep)
         result = await rt.store.get_result(job.goal_id, dep, record.attempt) if record.attempt else None
         deps.append((dep, result.answer if result else "(no result)"))
-    return TaskInput(goal=goal, spec=spec, attempt=job.attempt, feedback=feedback, dependency_results=tuple(deps))
+    effects = await SideEffects(rt.redis, rt.keys).history(job.goal_id, job.task_id)
+    earlier = [e for e in effects if e.attempt < job.attempt]
+    return TaskInput(
+        goal=goal,
+        spec=spec,
+        attempt=job.attempt,
+        feedback=feedback,
+        dependency_results=tuple(deps),
+        earlier_effects=tuple(earlier),
+    )
+
+
+def _offered(registry: ToolRegistry, task: TaskInput, goal_tools: list[str] | None, limit: int) -> list[str]:
+    """The tools a task may use (those its spec names that the goal allows); when the planner gave
+    it more than `limit`, the ones its own words are about (`llm.toolselect`)."""
+    allowed = ToolGateway.allowed_for(goal_tools, task.spec.tools)
+    spec = task.spec
+    text = f"{spec.title}\n{spec.instructions}\n{spec.definition_of_done}"
+    return [t.name for t in select_tools(registry.definitions(allowed), text, limit)]
 
 
 async def execute(
-    rt: Runtime, job: ExecuteJob, registry: ToolRegistry, stopping: Callable[[], bool] | None = None
+    rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Callable[[], bool] | None = None
 ) -> None:
-    """Run or resume one task attempt. `stopping()` turns true when this worker shuts down: the loop
-    then hands the attempt over between two steps (see `_hand_over`)."""
+    """Run or resume one task attempt with the tools of `tools` (a `ToolRegistry`, or the worker's
+    live `Catalog`). `stopping()` turns true when this worker shuts down: the loop then hands the
+    attempt over between two steps (see `_hand_over`)."""
     goal = await rt.store.get_goal(job.goal_id)
     if goal.state in GOAL_TERMINAL:
         log.info("execute.skipped", reason=f"goal {goal.state.value}")
@@ -111,7 +133,8 @@ async def execute(
     started, outcome = time.perf_counter(), "failed"  # for metrics: how this run of the loop ended
     try:
         task_input = await _task_input(rt, job, task.plan_version, task.feedback)
-        allowed = ToolGateway.allowed_for(goal.goal.allowed_tools, task_input.spec.tools)
+        registry = await tools.snapshot()
+        allowed = _offered(registry, task_input, goal.goal.allowed_tools, rt.limits.tool_select_limit)
         gateway = ToolGateway(
             registry,
             allowed,
@@ -133,6 +156,7 @@ async def execute(
             rt.limits,
             is_cancelled,
             stopping,
+            SideEffects(rt.redis, rt.keys),
         )
         log.info("execute.start", epoch=store.epoch, resumed_steps=len(await store.steps()))
         try:
@@ -158,6 +182,14 @@ async def execute(
     except LeaseLost as exc:
         outcome = "lease_lost"
         log.warning("execute.lease_lost", detail=str(exc))
+    except Exception:
+        # A model error (or any other failure) escapes to the job layer, which re-runs this same job
+        # later or fails the goal (bus.retry). Free the lease now so the re-run resumes the attempt
+        # at its current step at once; the watchdogs leave it alone until the re-run is due.
+        outcome = "retry"
+        with contextlib.suppress(Exception):
+            await _give_up(store, heartbeat, rt.retry.cap + rt.limits.lease_ttl)
+        raise
     except asyncio.CancelledError:
         outcome = "interrupted"
         if stopping is not None and stopping():
@@ -177,12 +209,12 @@ async def execute(
         observe(lambda o: o.task_run(outcome, seconds))
 
 
-async def _give_up(store: AttemptStore, heartbeat: asyncio.Task[None]) -> bool:
+async def _give_up(store: AttemptStore, heartbeat: asyncio.Task[None], watchdog_after: float = 0.0) -> bool:
     """Release the attempt's lease, renewals stopped first (a late renewal would re-take it)."""
     heartbeat.cancel()
     with contextlib.suppress(asyncio.CancelledError, LeaseLost):
         await heartbeat
-    return await store.release()
+    return await store.release(watchdog_after)
 
 
 async def _hand_over(
@@ -203,7 +235,12 @@ async def _hand_over(
 async def _heartbeat(store: AttemptStore, ttl: float) -> None:
     while True:
         await asyncio.sleep(ttl / 3)
-        await store.renew(ttl)
+        try:
+            await store.renew(ttl)
+        except LeaseLost:
+            raise
+        except Exception as exc:  # Redis away for a moment: the next renewal may still be in time
+            log.warning("execute.lease_renew_failed", error=repr(exc))
 
 
 async def _finish(rt: Runtime, store: AttemptStore, result: TaskResult) -> None:
@@ -248,7 +285,8 @@ async def recover_expired(rt: Runtime, limit: int = 100) -> int:
         except NotFound:
             task = None
         member = f"{goal_id}|{task_id}|{attempt}"
-        if task is None or task.attempt != attempt or task.state != TaskState.RUNNING:
+        ended = task is not None and (await rt.store.get_goal(goal_id)).terminal
+        if task is None or ended or task.attempt != attempt or task.state != TaskState.RUNNING:
             await rt.redis.zrem(rt.keys.leases(), member)
             continue
         await rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=task_id, attempt=attempt, resume=now_ms()))

@@ -5,26 +5,27 @@ after its last stored step and never pays twice for a model turn it already rece
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
-from pydantic import BaseModel
 
+from bus.effects import RESULT_LIMIT, EffectRecord, EffectState, SideEffects
 from bus.ledger import BudgetExhausted
 from bus.observe import observe
 from bus.runtime import Limits
 from bus.schemas import GoalRecord, TaskResult, TaskSpec, TaskStopReason
-from llm.errors import ModelError
 from llm.estimate import estimate_input_tokens
 from llm.port import ModelPort
 from llm.types import Message, ModelRequest, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 
 from . import policy
 from .gateway import ToolGateway, ToolOutcome, digest, error_outcome
+from .sources.base import CatalogTool, ToolContext
 from .steps import AttemptStore, Pending, StepRecord
-from .toolkit import Tool, ToolContext
 
 log = structlog.get_logger("taskloom.executor")
 
@@ -45,6 +46,7 @@ class TaskInput:
     attempt: int
     feedback: str | None = None
     dependency_results: tuple[tuple[str, str], ...] = ()
+    earlier_effects: tuple[EffectRecord, ...] = ()  # side-effecting calls of earlier attempts
 
 
 class Paused(Exception):
@@ -89,7 +91,39 @@ def context_text(task: TaskInput, limit: int) -> str:
             parts.append(f"- {dep}: {cut}")
     if task.feedback:
         parts.append(f"A reviewer rejected the previous attempt. Reviewer feedback: {task.feedback}")
+    if task.earlier_effects:
+        parts.append(
+            "Earlier attempts of this task already made these side-effecting calls. Do not make them "
+            "again: a repeat is not run and returns the recorded outcome."
+        )
+        for e in task.earlier_effects:
+            args = json.dumps(e.args, sort_keys=True, default=str)
+            outcome = {"ok": "done", "failed": "failed", "started": "outcome unknown", "unknown": "outcome unknown"}
+            parts.append(f"- attempt {e.attempt}: {e.tool}({args}) -> {outcome[e.state]}: {e.result[:limit]}")
     return "\n".join(parts)
+
+
+_EFFECT_STATE: dict[str, EffectState] = {
+    "ok": "ok",
+    "error": "failed",
+    "timeout": "unknown",
+    "cancelled": "unknown",
+    "unknown_outcome": "unknown",
+}
+
+
+def replayed(call: ToolUseBlock, earlier: EffectRecord) -> ToolOutcome:
+    """What a repeated side-effecting call gets instead of running again: the recorded outcome."""
+    where = f"attempt {earlier.attempt}"
+    if earlier.state == "ok":
+        text = f"[already done in {where}; not run again] {earlier.result}"
+        return ToolOutcome(call_id=call.id, tool=call.name, outcome="ok", content=text, full=text)
+    return error_outcome(
+        call,
+        "unknown_outcome",
+        f"this {call.name} call was already made in {where} and its outcome is unknown (it was interrupted); "
+        "it has side effects, so it was not run again. Check its effect before retrying.",
+    )
 
 
 def rebuild(first: Message, steps: Sequence[StepRecord]) -> tuple[list[Message], policy.LoopState, Usage]:
@@ -121,6 +155,7 @@ class Loop:
         limits: Limits,
         is_cancelled: Callable[[], Awaitable[bool]],
         should_yield: Callable[[], bool] | None = None,
+        effects: SideEffects | None = None,
     ) -> None:
         self.task = task
         self.store = store
@@ -132,6 +167,8 @@ class Loop:
         # True once this worker is shutting down (SIGTERM): checked before each model call, the one
         # point where every earlier step is stored and nothing is in flight.
         self.should_yield = should_yield
+        # Side-effecting calls, once per task across attempts (bus.effects); None: per attempt only.
+        self.effects = effects
 
     def _result(self, reason: TaskStopReason, state: policy.LoopState, usage: Usage, answer: str = "") -> TaskResult:
         return TaskResult(
@@ -183,11 +220,9 @@ class Loop:
                 except BudgetExhausted as exc:
                     log.warning("task.budget_exhausted", detail=str(exc))
                     return self._result("budget_exhausted", state, usage)
-                except ModelError as exc:
-                    # The SDK already retried what is retryable; the critic decides what happens next
-                    # (a new attempt or a replan) instead of the task being stranded in `running`.
-                    log.warning("task.model_error", error=str(exc), status=exc.status, retryable=exc.retryable)
-                    return self._result("error", state, usage, f"model error: {exc}")
+                # A model error is not the attempt's failure: it escapes to the job layer, which
+                # re-runs this job later (the attempt continues at this very step) or, past the
+                # goal's provider patience or for a terminal error, fails the goal (bus.retry).
                 await self.store.save_turn(response)
             else:
                 response = pending.turn  # the reply we received before a crash: not asked again
@@ -264,7 +299,7 @@ class Loop:
         after another. Returns the outcomes and whether a repeated call means the loop must stop."""
         done: dict[str, ToolOutcome] = dict(pending.results)
         loop_stop = False
-        to_run: list[tuple[ToolUseBlock, Tool, BaseModel]] = []
+        to_run: list[tuple[ToolUseBlock, CatalogTool, Any]] = []
         for call in calls:
             d = digest(call.input)
             repeat = policy.check_repeat(state, call.name, d, self.limits.loop_window)
@@ -307,10 +342,21 @@ class Loop:
                     continue
             to_run.append((call, tool, args))
 
-        async def run_one(call: ToolUseBlock, tool: Tool, args: BaseModel) -> None:
+        async def run_one(call: ToolUseBlock, tool: CatalogTool, args: Any) -> None:
+            record = self._effect(call)
             if tool.side_effects:
                 await self.store.mark_started(call.id)
+                if self.effects is not None and not tool.idempotent:
+                    earlier = await self.effects.begin(self.task.goal.id, self.task.spec.id, record)
+                    if earlier is not None:
+                        log.warning("tool.side_effect_not_repeated", tool=call.name, earlier_attempt=earlier.attempt)
+                        done[call.id] = await self._record(call, replayed(call, earlier), state)
+                        return
             outcome = await self.gateway.invoke(call, tool, args, self._ctx(call, state))
+            if tool.side_effects and self.effects is not None:
+                kept, st = outcome.full[:RESULT_LIMIT], _EFFECT_STATE.get(outcome.outcome, "failed")
+                ended = record.model_copy(update={"state": st, "result": kept})
+                await self.effects.finish(self.task.goal.id, self.task.spec.id, ended)
             done[call.id] = await self._record(call, outcome, state)
 
         async def run_all() -> None:
@@ -356,6 +402,17 @@ class Loop:
             task_id=self.task.spec.id,
             attempt=self.task.attempt,
             step=state.steps,
+            call_id=call.id,
+            tool=call.name,
+            args_digest=digest(call.input),
+        )
+
+    def _effect(self, call: ToolUseBlock) -> EffectRecord:
+        return EffectRecord(
+            key=f"{call.name}:{digest(call.input)}",
+            tool=call.name,
+            args=dict(call.input),
+            attempt=self.task.attempt,
             call_id=call.id,
         )
 

@@ -1,13 +1,23 @@
-"""Loading toolkits from `TASKLOOM_TOOLS` (`module:attribute,...`) into one registry."""
+"""One snapshot of every tool a worker knows (`ToolRegistry`), and loading toolkits from
+`TASKLOOM_TOOLS` (`module:attribute,...`).
+
+A registry is immutable: `executor.sources.catalog.Catalog` builds a new one whenever a source's
+tool list changes. Names are checked once, here: two tools with one name, or two names that the
+provider would see as one (`llm.toolnames`, e.g. `desk.lookup` and `desk_lookup`), are refused with
+a message naming both and where each comes from.
+"""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable
 
+from llm.errors import ToolNameCollisionError
+from llm.toolnames import ToolNameMap
 from llm.types import ToolDef
 
-from .toolkit import Tool, Toolkit
+from .sources.base import CatalogTool
+from .toolkit import Toolkit
 
 
 class ToolLoadError(Exception):
@@ -16,17 +26,41 @@ class ToolLoadError(Exception):
 
 class ToolRegistry:
     def __init__(self, toolkits: Iterable[Toolkit] = ()) -> None:
-        self.tools: dict[str, Tool] = {}
-        for kit in toolkits:
-            for tool in kit:
+        kits = list(toolkits)
+        self.tools: dict[str, CatalogTool] = {}
+        self.origins: dict[str, str] = {}
+        self._add([(f"toolkit {kit.name!r}", list(kit)) for kit in kits])
+
+    @classmethod
+    def of(cls, groups: Iterable[tuple[str, Iterable[CatalogTool]]]) -> ToolRegistry:
+        """A registry of `(where from, tools)` groups, e.g. `("MCP server 'desk'", [...])`."""
+        registry = cls()
+        registry._add([(origin, list(tools)) for origin, tools in groups])
+        return registry
+
+    def _add(self, groups: list[tuple[str, list[CatalogTool]]]) -> None:
+        for origin, tools in groups:
+            for tool in tools:
                 if tool.name in self.tools:
-                    raise ToolLoadError(f"two toolkits define a tool named {tool.name!r}")
+                    raise ToolLoadError(
+                        f"tool name collision: {tool.name!r} from {origin} and {tool.name!r} from "
+                        f"{self.origins[tool.name]}; rename one or disable it"
+                    )
                 self.tools[tool.name] = tool
+                self.origins[tool.name] = origin
+        try:
+            ToolNameMap(self.tools)
+        except ToolNameCollisionError as exc:
+            raise ToolLoadError(f"tool name collision: {exc}") from None
+
+    async def snapshot(self) -> ToolRegistry:
+        """A registry is its own snapshot (the `ToolCatalog` interface; see `sources.catalog`)."""
+        return self
 
     def __contains__(self, name: object) -> bool:
         return name in self.tools
 
-    def get(self, name: str) -> Tool | None:
+    def get(self, name: str) -> CatalogTool | None:
         return self.tools.get(name)
 
     def names(self) -> list[str]:
@@ -54,7 +88,11 @@ def load_toolkit(path: str) -> Toolkit:
     return obj
 
 
-def load_registry(spec: str, default: Iterable[Toolkit] = ()) -> ToolRegistry:
+def load_toolkits(spec: str, default: Iterable[Toolkit] = ()) -> list[Toolkit]:
     """The toolkits named in `spec` (comma-separated), or `default` when `spec` is empty."""
     paths = [p for p in (s.strip() for s in spec.split(",")) if p]
-    return ToolRegistry([load_toolkit(p) for p in paths] if paths else list(default))
+    return [load_toolkit(p) for p in paths] if paths else list(default)
+
+
+def load_registry(spec: str, default: Iterable[Toolkit] = ()) -> ToolRegistry:
+    return ToolRegistry(load_toolkits(spec, default))

@@ -94,10 +94,10 @@ redis.call('ZREM', KEYS[2], ARGV[2])
 return 1
 """
 
-# KEYS: lease, leases zset. ARGV: epoch, member, now_ms. The holder gives the attempt up unfinished
-# (its worker is shutting down): the epoch moves on, so any late write or renewal of the old holder
-# fails, and the lease is expired now (still in the zset) so that the next `execute` job takes it at
-# once, and any watchdog resumes it if no such job comes.
+# KEYS: lease, leases zset. ARGV: epoch, member, watchdog time (ms). The holder gives the attempt up
+# unfinished (its worker is shutting down, or its job will be re-run later): the epoch moves on, so
+# any late write or renewal of the old holder fails, and the lease is free now so that the next
+# `execute` job takes it at once; the watchdogs resume it at the given time if no such job comes.
 _RELEASE = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
 redis.call('HINCRBY', KEYS[1], 'epoch', 1)
@@ -196,10 +196,12 @@ class AttemptStore:
     async def finish(self) -> None:
         await self._finish(keys=[self.lease_key, self.keys.leases()], args=[self.epoch, self.member])
 
-    async def release(self) -> bool:
+    async def release(self, watchdog_after: float = 0.0) -> bool:
         """Give the unfinished attempt up for another executor to resume now (not after the TTL).
+        The watchdogs leave it alone for `watchdog_after` seconds (its own job is re-run meanwhile).
         False if the lease was no longer ours."""
-        out = await self._release(keys=[self.lease_key, self.keys.leases()], args=[self.epoch, self.member, now_ms()])
+        at = now_ms() + int(watchdog_after * 1000)
+        out = await self._release(keys=[self.lease_key, self.keys.leases()], args=[self.epoch, self.member, at])
         return bool(out)
 
     async def steps(self) -> list[StepRecord]:

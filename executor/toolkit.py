@@ -10,7 +10,8 @@
 The parameters' pydantic model is the tool's `input_schema`, and it validates what the model
 wrote before the function runs: a tool only ever receives validated, typed values. A parameter
 annotated `ToolContext` is not shown to the model; it receives the call's context, including an
-idempotency key (`goal:task:attempt:step:call`) a side-effecting tool can pass on downstream.
+idempotency key (`goal:task:tool:args digest`, the same in every attempt of the task for the same
+call) a side-effecting tool can pass on downstream.
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from bus.schemas import json_schema
 from llm.types import ToolDef
+
+from .sources.base import InvalidArguments, ToolContext
+
+__all__ = ["Tool", "ToolContext", "ToolDefinitionError", "Toolkit", "make_tool"]
 
 F = typing.TypeVar("F", bound=Callable[..., Any])
 
@@ -37,21 +42,6 @@ class ToolDefinitionError(ValueError):
 
 
 @dataclass(frozen=True)
-class ToolContext:
-    """What a tool may know about the call that runs it."""
-
-    goal_id: str
-    task_id: str
-    attempt: int
-    step: int
-    call_id: str
-
-    @property
-    def idempotency_key(self) -> str:
-        return f"{self.goal_id}:{self.task_id}:{self.attempt}:{self.step}:{self.call_id}"
-
-
-@dataclass(frozen=True)
 class Tool:
     name: str
     description: str
@@ -59,13 +49,23 @@ class Tool:
     params: type[BaseModel]
     context_param: str | None = None
     read_only: bool = False  # safe to run concurrently with other read-only calls
-    side_effects: bool = False  # never run twice for one call: an interrupted call is reported as unknown
+    side_effects: bool = False  # never run twice for one task: a repeat gets the recorded outcome
+    idempotent: bool = False  # a side_effects tool that is safe to repeat (the ledger lets it run again)
     requires_approval: bool = False  # a person approves each call (`taskloom approve`)
     timeout: float | None = None  # seconds; None = the gateway's default
 
     @property
     def definition(self) -> ToolDef:
         return ToolDef(name=self.name, description=self.description, input_schema=json_schema(self.params))
+
+    def parse(self, arguments: dict[str, Any]) -> BaseModel:
+        try:
+            return self.params.model_validate(arguments)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors(include_url=False)
+            )
+            raise InvalidArguments(problems) from None
 
     async def invoke(self, args: BaseModel, ctx: ToolContext) -> Any:
         kwargs = {name: getattr(args, name) for name in type(args).model_fields}
@@ -107,6 +107,7 @@ def make_tool(
     side_effects: bool = False,
     requires_approval: bool = False,
     timeout: float | None = None,
+    idempotent: bool = False,
 ) -> Tool:
     tool_name = name or fn.__name__
     if not TOOL_NAME.match(tool_name):
@@ -127,6 +128,7 @@ def make_tool(
         side_effects=side_effects,
         requires_approval=requires_approval,
         timeout=timeout,
+        idempotent=idempotent,
     )
 
 
@@ -151,6 +153,7 @@ class Toolkit:
         side_effects: bool = False,
         requires_approval: bool = False,
         timeout: float | None = None,
+        idempotent: bool = False,
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -163,6 +166,7 @@ class Toolkit:
         side_effects: bool = False,
         requires_approval: bool = False,
         timeout: float | None = None,
+        idempotent: bool = False,
     ) -> F | Callable[[F], F]:
         """Decorator, usable bare (`@kit.tool`) or with options (`@kit.tool(read_only=True)`)."""
 
@@ -175,6 +179,7 @@ class Toolkit:
                 side_effects=side_effects,
                 requires_approval=requires_approval,
                 timeout=timeout,
+                idempotent=idempotent,
             )
             if t.name in self.tools:
                 raise ToolDefinitionError(f"toolkit {self.name!r} already has a tool named {t.name!r}")

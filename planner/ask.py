@@ -1,6 +1,6 @@
 """The planning conversation: ask for `submit_plan`, send an invalid plan back with its problems.
 
-The protocol (DESIGN.md, "Model protocol"): the planner forces the `submit_plan` tool; its input is
+The protocol (docs/internals.md, "The model protocol"): the planner forces the `submit_plan` tool; its input is
 a `Plan`. An invalid plan is answered, in the next user turn, by a `tool_result` with
 `is_error=true` for that very tool_use id (the API requires every tool_use to be answered at the
 start of the next user message), listing every problem, and the model tries again, at most

@@ -2,7 +2,7 @@
 
 Edges follow `TaskSpec.depends_on`: a task may start once every task it depends on is `done`.
 Every problem `validate_plan` finds is a full sentence, because it is sent back to the model as
-is (DESIGN.md: an invalid plan is returned to the planner with the reason).
+is (an invalid plan is returned to the planner with the reason; docs/internals.md, "The model protocol").
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ from bus.jobs import AdvanceJob, ExecuteJob, PlanJob, ReplanJob, ReviewGoalJob
 from bus.runtime import Runtime
 from bus.schemas import GoalRecord, GoalState, Plan, StoredPlan, TaskRecord, TaskResult, TaskState
 from bus.store import IllegalTransition, StaleWrite
+from llm.toolselect import select_tools
+from llm.types import ToolDef
 
 from .ask import PlanOutcome, ask_for_plan
 from .dag import all_done, ready_tasks, validate_plan
@@ -94,13 +96,18 @@ async def _resume(rt: Runtime, goal: GoalRecord, job: str) -> None:
 # -- planning ---------------------------------------------------------------------------------
 
 
-def _validator(rt: Runtime, goal: GoalRecord) -> tuple[list[str], set[str] | None]:
-    allowed = set(goal.goal.allowed_tools) if goal.goal.allowed_tools is not None else None
-    return [t.name for t in rt.tool_catalog], allowed
+def _offered(rt: Runtime, goal: GoalRecord, catalog: list[ToolDef], also: str = "") -> list[ToolDef]:
+    """The tools the planner's prompt lists: the goal's allowed ones, narrowed by its own words when
+    the catalog is large (`llm.toolselect`; tools named in `also` are kept). A plan may still name
+    any tool of the catalog."""
+    text = f"{goal.goal.text}\n{goal.goal.definition_of_done}\n{also}"
+    return select_tools(usable_tools(catalog, goal.goal.allowed_tools), text, rt.limits.tool_select_limit)
 
 
 async def _ask(rt: Runtime, goal: GoalRecord, prompt: str, purpose: str) -> PlanOutcome | None:
-    known, allowed = _validator(rt, goal)
+    # Any tool of the catalog is accepted in a plan, also one the prompt did not list.
+    known = [t.name for t in await rt.tool_definitions()]
+    allowed = set(goal.goal.allowed_tools) if goal.goal.allowed_tools is not None else None
 
     def validate(p: Plan) -> list[str]:
         return validate_plan(p, known_tools=known, allowed_tools=allowed, max_tasks=rt.limits.max_plan_tasks)
@@ -123,7 +130,7 @@ async def _first_plan(rt: Runtime, goal: GoalRecord) -> StoredPlan | None:
     if goal.plan_version >= 1:
         # Stored by a run that stopped before the goal went to running: use it, do not ask again.
         return await rt.store.get_plan(goal.id, goal.plan_version)
-    tools = usable_tools(rt.tool_catalog, goal.goal.allowed_tools)
+    tools = _offered(rt, goal, await rt.tool_definitions())
     outcome = await _ask(rt, goal, plan_prompt(goal.goal, tools, rt.limits.max_plan_tasks), "plan")
     if outcome is None:
         return None
@@ -137,7 +144,8 @@ async def _new_plan(
     rt: Runtime, goal: GoalRecord, current: StoredPlan, records: dict[str, TaskRecord], reason: str
 ) -> StoredPlan | None:
     results = await _accepted_results(rt, goal.id, current.plan, records)
-    tools = usable_tools(rt.tool_catalog, goal.goal.allowed_tools)
+    used = " ".join(tool for spec in current.plan.tasks for tool in spec.tools)  # the current plan's tools
+    tools = _offered(rt, goal, await rt.tool_definitions(), also=f"{reason}\n{used}")
     prompt = replan_prompt(
         goal.goal,
         tools,

@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import redis.exceptions
@@ -31,7 +32,7 @@ from llm.errors import ModelConfigError
 from .logs import configure_logging
 from .metrics import MetricsError
 from .settings import Settings, SettingsError, load_settings
-from .workers import keys_for, run_workers
+from .workers import keys_for, load_tools, run_workers
 
 app = typer.Typer(
     name="taskloom",
@@ -329,6 +330,25 @@ def cancel(
 
 
 @app.command()
+def resume(
+    goal_id: str,
+    budget: Annotated[int | None, typer.Option(min=1, help="new token budget (must exceed what was spent)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Restart a failed or budget_exhausted goal: accepted tasks are kept, the rest run again."""
+    try:
+        goal = _with_client(lambda c: c.resume(goal_id, budget))
+    except IllegalTransition as exc:
+        _fail(EXIT_NOT_SUCCEEDED, f"goal {goal_id} {exc.current}; only failed or budget_exhausted goals resume")
+    except ValueError as exc:
+        _fail(EXIT_INVALID, f"--budget: {exc}")
+    if as_json:
+        _print_json({"goal_id": goal_id, "state": goal.state.value, "resumes": goal.resumes})
+    else:
+        out.print(f"{goal_id} resumed: {goal.state.value}")
+
+
+@app.command()
 def ledger(goal_id: str, as_json: JsonOpt = False) -> None:
     """Show a goal's token budget: spent by kind, reserved, calls, cost and headroom."""
     from bus.ledger import Ledger, LedgerSnapshot  # only this command needs it
@@ -541,6 +561,85 @@ def api_token(
     except TokenConfigError as exc:
         _fail(EXIT_INVALID, f"{exc} (scopes: {', '.join(SCOPES)}; names: letters, digits, _ . @ -)")
     sys.stdout.write(f"token: {token}\nentry: {entry}\n")
+
+
+@app.command()
+def tools(as_json: JsonOpt = False) -> None:
+    """List the tool catalog a worker would load (TASKLOOM_TOOLS and TASKLOOM_MCP_CONFIG), with each
+    tool's origin and policy; a bad configuration or a name collision exits 2 naming it."""
+    settings = _settings()
+    configure_logging("WARNING", stream=sys.stderr)
+
+    async def listed() -> list[dict[str, Any]]:
+        async with load_tools(settings) as catalog:
+            registry = await catalog.start()
+            return [
+                {
+                    "name": name,
+                    "origin": registry.origins[name],
+                    "read_only": tool.read_only,
+                    "side_effects": tool.side_effects,
+                    "requires_approval": tool.requires_approval,
+                    "timeout": tool.timeout,
+                    "description": tool.description,
+                }
+                for name, tool in sorted(registry.tools.items())
+            ]
+
+    try:
+        rows = asyncio.run(listed())
+    except ToolLoadError as exc:
+        _fail(EXIT_INVALID, str(exc))
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("tool", "from", "policy", "timeout")
+    for row in rows:
+        flags = [f for f in ("read_only", "side_effects", "requires_approval") if row[f]]
+        timeout = row["timeout"] or settings.tool_timeout
+        table.add_row(row["name"], row["origin"], ", ".join(flags) or "-", f"{timeout:g} s")
+    out.print(table)
+
+
+@app.command()
+def mcp(
+    http: Annotated[bool, typer.Option("--http", help="serve streamable HTTP instead of stdio")] = False,
+    host: Annotated[str, typer.Option(help="HTTP address (no authentication: keep it on loopback)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port (0: a free one)")] = 8000,
+    port_file: Annotated[Path | None, typer.Option(help="write the HTTP port here once listening")] = None,
+    read_only: Annotated[bool, typer.Option("--read-only", help="only status, wait and events; no changes")] = False,
+    max_wait: Annotated[float, typer.Option(help="longest wait_goal call, seconds")] = 60.0,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "WARNING",
+) -> None:
+    """Serve the fleet to MCP hosts: submit_goal, goal_status, wait_goal, goal_events, cancel_goal,
+    approve_call, deny_call (stdio by default; logs go to stderr)."""
+    settings = _settings()
+    if max_wait <= 0:
+        _fail(EXIT_INVALID, f"--max-wait must be > 0, got {max_wait:g}")
+    configure_logging(log_level, stream=sys.stderr)  # stdout is the protocol's channel on stdio
+    try:
+        from executor.demo_mcp import serve_http
+
+        from .mcp_server import build
+    except ImportError as exc:
+        _fail(EXIT_INVALID, f"the MCP SDK cannot be imported ({exc}); install it with: pip install 'taskloom[mcp]'")
+
+    async def serve() -> None:
+        async with Client.open(
+            settings.redis_url, settings.home, keys_for(settings), settings.default_budget_tokens
+        ) as client:
+            server = build(client, read_only=read_only, max_wait=max_wait)
+            if http:
+                await serve_http(server, port_file, port, host)
+            else:
+                await server.run_stdio_async()
+
+    try:
+        asyncio.run(serve())
+    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
+        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
+    except KeyboardInterrupt:
+        pass
 
 
 def main() -> None:

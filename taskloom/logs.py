@@ -7,27 +7,15 @@ line a job writes carries it. arq's own stdlib logging goes through the same ren
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
-# Keys whose values are never logged, and Anthropic-style keys wherever they appear in a string.
-_SECRET_KEYS = re.compile(r"(api[_-]?key|authorization|password|secret|token_value)", re.I)
-_SECRET_VALUES = re.compile(r"sk-ant-[A-Za-z0-9_\-]+|(?i:bearer\s+)[A-Za-z0-9._\-]{8,}")
-REDACTED = "[redacted]"
-
-
-def _scrub(value: Any) -> Any:
-    if isinstance(value, str):
-        return _SECRET_VALUES.sub(REDACTED, value)
-    if isinstance(value, dict):
-        return {k: REDACTED if _SECRET_KEYS.search(str(k)) else _scrub(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_scrub(v) for v in value]
-    return value
+from llm.redact import REDACTED
+from llm.redact import SECRET_KEYS as _SECRET_KEYS
+from llm.redact import scrub as _scrub
 
 
 def redact_secrets(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:

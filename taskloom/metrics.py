@@ -113,6 +113,25 @@ QUEUE_READ_ERRORS = Counter(
     "taskloom_queue_depth_read_errors", "Failed reads of the queue depth (Redis unreachable)", registry=REGISTRY
 )
 
+JOB_RETRIES = Counter(
+    "taskloom_job_retries",
+    "Jobs re-run later by the job layer, by cause (provider, redis, internal)",
+    ["role", "function", "cause"],
+    registry=REGISTRY,
+)
+GOALS_GIVEN_UP = Counter(
+    "taskloom_goals_given_up",
+    "Goals failed by the job layer (provider: patience over or terminal model error; internal)",
+    ["cause"],
+    registry=REGISTRY,
+)
+REDRIVES = Counter(
+    "taskloom_redrives",
+    "Stranded goals and tasks re-driven by the supervisor, by the job enqueued",
+    ["job"],
+    registry=REGISTRY,
+)
+
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
 
 
@@ -152,6 +171,15 @@ class PrometheusObserver(Observer):
     def tool_call(self, tool: str, outcome: str, seconds: float) -> None:
         TOOL_CALLS.labels(tool, outcome).inc()
         TOOL_DURATION.labels(tool).observe(seconds)
+
+    def job_retry(self, role: str, function: str, cause: str) -> None:
+        JOB_RETRIES.labels(role, function, cause).inc()
+
+    def goal_given_up(self, cause: str) -> None:
+        GOALS_GIVEN_UP.labels(cause).inc()
+
+    def redrive(self, job: str) -> None:
+        REDRIVES.labels(job).inc()
 
 
 @dataclass

@@ -51,9 +51,14 @@ class Settings(BaseSettings):
     job_timeout: float = Field(default=600, gt=0)
     # A SIGTERM lets running jobs finish for this long before they are cancelled (and re-run elsewhere).
     shutdown_grace: float = Field(default=20, ge=0)
-    # Goals still `submitted` after this long have their planner job re-enqueued (crash between
-    # storing and enqueueing); the job id is deterministic, so this never duplicates work.
-    reconcile_after: float = Field(default=10, gt=0)
+    # The supervisor (in every planner worker) re-drives a goal or task that has had no live driver
+    # (queued job, running job, live lease, approval wait) for this long; see docs/internals.md.
+    reconcile_after: float = Field(default=20, gt=0, le=3600)
+    # How long a goal tolerates provider trouble (429/529/5xx, timeouts, refused connections),
+    # counted from the first failure of the current trouble; its jobs are re-run with backoff
+    # meanwhile. Past it (or at once for a terminal model error) the goal fails, naming the error.
+    provider_patience: float = Field(default=900, gt=0, description="seconds a goal waits out provider trouble")
+    provider_backoff_max: float = Field(default=30, gt=0, le=3600, description="longest wait between job retries")
 
     default_budget_tokens: int = Field(default=200_000, gt=0)
     model: str = Field(default="demo", min_length=1, description="Claude model id, or 'demo'")
@@ -61,6 +66,11 @@ class Settings(BaseSettings):
     task_timeout: float = Field(default=300, gt=0, description="wall-clock limit of one task attempt, s")
     events_maxlen: int = Field(default=10_000, ge=100, description="approximate cap of each event stream")
     tools: str = Field(default="", description="comma-separated module:attribute toolkits")
+    # A JSON file of MCP servers whose tools join the catalog (`executor.sources.mcp`).
+    mcp_config: str = Field(default="", description="path of the MCP servers file ({\"mcpServers\": ...})")
+    # Every model call this process makes is appended to this JSON-lines cassette (secrets redacted),
+    # for `taskloom.testing.ReplayModel` to replay offline in tests.
+    record: Path | None = Field(default=None, description="cassette file recording every model call")
 
     # Model calls (the anthropic SDK owns retries of 408/409/429/5xx, honouring retry-after).
     model_max_tokens: int = Field(default=1024, ge=16, le=64_000, description="max_tokens asked per model call")
@@ -79,6 +89,9 @@ class Settings(BaseSettings):
     )
     dependency_result_limit: int = Field(default=2000, ge=100, description="characters of each dependency's result")
     loop_window: int = Field(default=8, ge=1, le=100, description="repeated identical call within this many = loop")
+    # Large catalogs (MCP servers): offer the planner and each task at most this many tools, picked
+    # by the goal's or task's words (`llm.toolselect`); a smaller catalog is offered whole. 0 = all.
+    tool_select_limit: int = Field(default=16, ge=0, le=1000, description="tools offered per goal/task (0 = all)")
 
     # Token-budget ledger (bus.ledger). A reservation lives as long as a job may run, so that a live
     # call is never forfeited; a dead worker's reservation is counted as spent after this long.
@@ -117,6 +130,11 @@ class Settings(BaseSettings):
         if not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("expected a URL starting with redis://, rediss:// or unix://")
         return v
+
+    @field_validator("record", mode="before")
+    @classmethod
+    def _empty_record_is_off(cls, v: object) -> object:
+        return None if v == "" else v
 
     @field_validator("metrics_port", mode="before")
     @classmethod

@@ -29,6 +29,11 @@ log = structlog.get_logger("taskloom.wake")
 BLOCK_MS = 1000  # one XREAD per second per idle worker while nothing happens
 
 
+def reconnect_delay(failures: int) -> float:
+    """Seconds to wait after `failures` Redis errors in a row: 0.1 s doubling up to 5 s."""
+    return float(min(5.0, 0.1 * 2 ** min(failures - 1, 10)))
+
+
 class WakeableWorker(Worker):
     def __init__(
         self, *args: Any, wake_key: str | None = None, job_lease: float | None = None, **kwargs: Any
@@ -52,28 +57,43 @@ class WakeableWorker(Worker):
             self.in_progress_timeout_s = job_lease
 
     async def main(self) -> None:
-        if self.burst or self.wake_key is None:
+        if self.burst:
             await super().main()
             return
         arq_logger.info("Starting worker for %d functions: %s", len(self.functions), ", ".join(self.functions))
-        await log_redis_info(self.pool, arq_logger.info)
+        # INFO only feeds a start-up log line; a server that refuses it (an ACL without INFO, or
+        # fakeredis under `taskloom.testing`) or is briefly unreachable must not stop the worker.
+        with contextlib.suppress(redis.exceptions.RedisError, OSError):
+            await log_redis_info(self.pool, arq_logger.info)
         self.ctx["redis"] = self.pool
         if self.on_startup:
             await self.on_startup(self.ctx)
-        listener = asyncio.create_task(self._listen(self.wake_key))
+        listener = asyncio.create_task(self._listen(self.wake_key)) if self.wake_key else None
+        failures = 0
         try:
             while True:
                 self._woken.clear()  # before polling: a wake-up arriving during the poll is kept
-                await self._poll_iteration()
+                try:
+                    await self._poll_iteration()
+                    failures = 0
+                    wait = self.poll_delay_s
+                except Exception as exc:
+                    # arq's own loop ends the worker on the first Redis error (a restart, a
+                    # failover). Keep running instead: redis-py reconnects on the next command, and
+                    # the wait grows so that a long outage costs a few commands a second, not a core.
+                    failures += 1
+                    wait = reconnect_delay(failures)
+                    log.warning("worker.poll_failed", error=repr(exc), retry_in=round(wait, 3), failures=failures)
                 # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives
                 # as the event is set, and the worker would then never stop.
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.poll_delay_s):
+                    async with asyncio.timeout(wait):
                         await self._woken.wait()
         finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
 
     async def _listen(self, key: str) -> None:
         """Set the wake-up event for every new entry of the role's wake stream."""
@@ -82,12 +102,15 @@ class WakeableWorker(Worker):
             tail = await self.pool.xrevrange(key, count=1)
             if tail:
                 last = tail[0][0].decode() if isinstance(tail[0][0], bytes) else str(tail[0][0])
+        failures = 0
         while True:
             try:
                 reply = await self.pool.xread({key: last}, count=100, block=BLOCK_MS)
+                failures = 0
             except (redis.exceptions.RedisError, OSError) as exc:
+                failures += 1
                 log.warning("wake.listen_failed", error=str(exc))  # the poll timer still works
-                await asyncio.sleep(1)
+                await asyncio.sleep(reconnect_delay(failures))
                 continue
             if reply:
                 entry = reply[0][1][-1][0]

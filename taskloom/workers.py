@@ -27,24 +27,32 @@ from typing import Any
 import structlog
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix
-from arq.worker import Function, Worker, func
+from arq.worker import Function, Retry, Worker, func
 from pydantic import ValidationError
 
 import critic.handlers as critic
 import executor.handlers as executor
 import planner.handlers as planner
-from bus.client import Client
 from bus.connection import connect
 from bus.jobs import JobPayload, parse_payload
 from bus.keys import ROLES, Keys
 from bus.ledger import Ledger, PriceTable
 from bus.metered import ModelFactory
 from bus.observe import Observer, install, observe
+from bus.retry import GiveUp, RetryPolicy, TroubleClock, describe, is_redis_trouble, on_model_error, on_other_error
 from bus.runtime import Limits, Runtime
+from bus.schemas import Event, GoalState
+from bus.store import IllegalTransition, NotFound
 from executor.demo_tools import support
-from executor.registry import ToolRegistry, load_registry
+from executor.registry import ToolLoadError, ToolRegistry, load_toolkits
+from executor.sources.base import ToolSource
+from executor.sources.catalog import Catalog, ToolCatalog
+from executor.sources.toolkit import ToolkitSource
 from llm import make_model
+from llm.cassette import RecordingModel
+from llm.errors import ModelError
 from llm.port import ModelPort
+from planner.supervise import supervise
 
 from . import health, metrics
 from .settings import Settings
@@ -55,11 +63,11 @@ log = structlog.get_logger("taskloom.worker")
 Handler = Callable[[Runtime, Any], Awaitable[None]]
 
 
-def handlers_for(role: str, registry: ToolRegistry, stopping: Callable[[], bool] | None = None) -> dict[str, Handler]:
+def handlers_for(role: str, tools: ToolCatalog, stopping: Callable[[], bool] | None = None) -> dict[str, Handler]:
     """`stopping()` is true once the process is shutting down (executors hand their attempts over)."""
     table: dict[str, dict[str, Handler]] = {
         "planner": {"plan": planner.plan, "advance": planner.advance, "replan": planner.replan},
-        "executor": {"execute": functools.partial(executor.execute, registry=registry, stopping=stopping)},
+        "executor": {"execute": functools.partial(executor.execute, tools=tools, stopping=stopping)},
         "critic": {"review": critic.review, "review_goal": critic.review_goal},
     }
     return table[role]
@@ -80,12 +88,26 @@ def limits_for(settings: Settings) -> Limits:
         compact_after_tokens=settings.compact_after_tokens,
         dependency_result_limit=settings.dependency_result_limit,
         loop_window=settings.loop_window,
+        tool_select_limit=settings.tool_select_limit,
     )
 
 
-def load_tools(settings: Settings) -> ToolRegistry:
-    """`TASKLOOM_TOOLS`, or the bundled support-desk toolkit with the offline demo model."""
-    return load_registry(settings.tools, default=[support] if settings.model == "demo" else [])
+def load_tools(settings: Settings, with_mcp: bool = True) -> Catalog:
+    """`TASKLOOM_TOOLS` (or the bundled support-desk toolkit with the offline demo model) and the
+    servers of `TASKLOOM_MCP_CONFIG`, as one catalog (enter it, then `start()` it). `with_mcp=False`
+    for processes that never use tools (a critic-only worker starts no MCP server)."""
+    kits = load_toolkits(settings.tools, default=[support] if settings.model == "demo" else [])
+    sources: list[ToolSource] = [ToolkitSource(k) for k in kits]
+    if settings.mcp_config and with_mcp:
+        try:
+            from executor.sources.mcp import sources_from
+        except ImportError as exc:
+            raise ToolLoadError(
+                f"TASKLOOM_MCP_CONFIG is set but the MCP SDK cannot be imported ({exc}); "
+                "install it with: pip install 'taskloom[mcp]'"
+            ) from None
+        sources.extend(sources_from(settings.mcp_config))
+    return Catalog(sources)
 
 
 def make_ledger(settings: Settings, redis: ArqRedis) -> Ledger:
@@ -99,8 +121,10 @@ def make_ledger(settings: Settings, redis: ArqRedis) -> Ledger:
 
 
 def make_inner_model(settings: Settings) -> ModelPort:
-    """The configured model (raises `ModelConfigError` naming ANTHROPIC_API_KEY when it is missing)."""
-    return make_model(settings.model, max_retries=settings.model_max_retries, timeout=settings.model_timeout)
+    """The configured model (raises `ModelConfigError` naming ANTHROPIC_API_KEY when it is missing),
+    recording every call to the `TASKLOOM_RECORD` cassette when that is set."""
+    model = make_model(settings.model, max_retries=settings.model_max_retries, timeout=settings.model_timeout)
+    return RecordingModel(model, settings.record) if settings.record is not None else model
 
 
 def keys_for(settings: Settings) -> Keys:
@@ -155,10 +179,18 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
                 outcome = "cancelled"
                 log.warning("job.cancelled", function=name, seconds=round(time.perf_counter() - started, 4))
                 raise
-            except Exception:
-                outcome = "failed"
-                log.exception("job.failed", function=name, seconds=round(time.perf_counter() - started, 4))
-                raise
+            except Exception as exc:
+                # Never a silent arq failure: the job runs again later, or its goal ends visibly.
+                outcome = "retry"
+                try:
+                    await _after_failure(ctx["runtime"], role, name, payload, exc, int(ctx.get("job_try") or 1))
+                except Retry:
+                    raise
+                except Exception:
+                    outcome = "failed"
+                    log.exception("job.failed", function=name, seconds=round(time.perf_counter() - started, 4))
+                    raise
+                outcome = "gave_up"
             finally:
                 holder.cancel()
                 seconds = time.perf_counter() - started
@@ -169,10 +201,53 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
     return func(run, name=name)
 
 
+async def _after_failure(rt: Runtime, role: str, name: str, payload: JobPayload, exc: Exception, tries: int) -> None:
+    """Decide (bus.retry) and apply: raise arq's `Retry` to run this same job again later, or fail
+    the goal with a reason naming the error (returns normally: the job is over, visibly)."""
+    goal_id: str = payload.goal_id  # type: ignore[attr-defined]  # every payload names its goal
+    policy = rt.retry
+    if isinstance(exc, ModelError):
+        cause = "provider"
+        now = int(time.time() * 1000)
+        since = await TroubleClock(rt.redis, rt.keys).failed(goal_id, now) if exc.retryable else now
+        decision = on_model_error(exc, tries, (now - since) / 1000, policy)
+        detail = describe(exc)
+    else:
+        cause = "redis" if is_redis_trouble(exc) else "internal"
+        if cause == "internal":
+            # Counted apart from arq's try number, which also counts provider retries and crash re-runs.
+            key = rt.keys.job_errors(rt.jobs.job_id(payload))
+            tries = int(await rt.redis.incr(key))
+            await rt.redis.expire(key, 24 * 3600)
+        decision = on_other_error(exc, tries, policy)
+        detail = f"{type(exc).__name__}: {exc}"
+    if isinstance(decision, GiveUp):
+        log.error("job.gave_up", function=name, cause=cause, reason=decision.reason, exc_info=exc)
+        observe(lambda o: o.goal_given_up(cause))
+        try:
+            await rt.store.transition_goal(goal_id, GoalState.FAILED, reason=decision.reason, data={"job": name})
+        except (IllegalTransition, NotFound) as moved:
+            log.info("job.gave_up_goal_moved_on", error=str(moved))  # it ended another way meanwhile
+        return
+    log.warning("job.retry", function=name, cause=cause, delay=round(decision.delay, 3), error=detail)
+    observe(lambda o: o.job_retry(role, name, cause))
+    if cause == "provider":
+        with contextlib.suppress(Exception):  # the event is for people; the retry matters more
+            await rt.events.emit(
+                Event(
+                    type="goal.provider_trouble",
+                    goal_id=goal_id,
+                    task_id=getattr(payload, "task_id", None),
+                    data={"job": name, "error": detail, "retry_in": round(decision.delay, 3), "try": tries},
+                )
+            )
+    raise Retry(defer=decision.delay)
+
+
 def worker_settings(
     role: str,
     settings: Settings,
-    registry: ToolRegistry | None = None,
+    registry: ToolCatalog | None = None,
     stopping: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """The arq `WorkerSettings` of one role (as a dict, which arq accepts)."""
@@ -187,22 +262,29 @@ def worker_settings(
         "max_jobs": getattr(settings, f"{role}_concurrency"),
         "job_timeout": settings.job_timeout,
         "keep_result": 3600,  # a result key blocks re-enqueueing the same deterministic job id
+        # The job layer decides when to stop retrying (bus.retry); arq must never give up on its own.
+        "max_tries": 1_000_000,
         "health_check_interval": 5,
         "health_check_key": keys.health_check(role),
         "handle_signals": False,  # one handler for the whole process, see run_workers
     }
 
 
-def build_runtime(settings: Settings, redis: ArqRedis, model: ModelPort, registry: ToolRegistry) -> Runtime:
+def build_runtime(
+    settings: Settings, redis: ArqRedis, model: ModelPort, registry: ToolRegistry | Catalog
+) -> Runtime:
     ledger = make_ledger(settings, redis)
+
     return Runtime.build(
         redis,
         keys_for(settings),
         settings.events_maxlen,
-        models=ModelFactory(model, ledger),
+        models=ModelFactory(model, ledger, TroubleClock(redis, keys_for(settings))),
         ledger=ledger,
         limits=limits_for(settings),
-        tool_catalog=tuple(registry.definitions()),
+        tool_catalog=tuple(registry.definitions()) if isinstance(registry, ToolRegistry) else (),
+        tools=registry if isinstance(registry, Catalog) else None,
+        retry=RetryPolicy(patience=settings.provider_patience, cap=settings.provider_backoff_max),
     )
 
 
@@ -211,7 +293,7 @@ def build_workers(
     settings: Settings,
     redis: ArqRedis,
     model: ModelPort,
-    registry: ToolRegistry,
+    registry: ToolRegistry | Catalog,
     burst: bool = False,
     stopping: Callable[[], bool] | None = None,
 ) -> tuple[Runtime, list[Worker]]:
@@ -230,16 +312,16 @@ def build_workers(
     return runtime, workers
 
 
-async def _reconcile_forever(runtime: Runtime, settings: Settings) -> None:
-    client = Client(runtime.redis, runtime.keys, settings.default_budget_tokens, settings.events_maxlen)
+async def _supervise_forever(runtime: Runtime, settings: Settings) -> None:
+    """Every planner worker re-drives goals and tasks left without a live driver (planner.supervise)."""
     while True:
         try:
-            n = await client.reconcile(settings.reconcile_after)
+            n = await supervise(runtime, settings.reconcile_after)
             if n:
-                log.warning("reconcile.requeued", goals=n)
-        except Exception:
-            log.exception("reconcile.failed")
-        await asyncio.sleep(settings.reconcile_after / 2)
+                log.warning("supervisor.redriven", jobs=n)
+        except Exception as exc:
+            log.warning("supervisor.failed", error=repr(exc))  # Redis away: the next pass retries
+        await asyncio.sleep(max(0.5, min(settings.reconcile_after / 4, 5.0)))
 
 
 async def _recover_forever(runtime: Runtime) -> None:
@@ -272,15 +354,17 @@ async def run_workers(
     metrics_server = None
     previous_observer: Observer | None = None
     try:
-        registry = load_tools(settings)
+        catalog = load_tools(settings, with_mcp=bool({"planner", "executor"} & set(roles)))
         owned = model is None
         model = model or make_inner_model(settings)
         if settings.metrics_port is not None and not burst:
             metrics_server = metrics.serve(settings.metrics_port, settings.metrics_addr)
             previous_observer = install(metrics.PrometheusObserver())
-        async with connect(settings.redis_url, settings.home) as redis:
+        async with catalog, connect(settings.redis_url, settings.home) as redis:
+            # Every source is listed once now: a tool name collision stops start-up, naming both.
+            await catalog.start()
             # The executors' handlers read `stop` to hand their attempts over between steps.
-            runtime, workers = build_workers(roles, settings, redis, model, registry, burst, stop.is_set)
+            runtime, workers = build_workers(roles, settings, redis, model, catalog, burst, stop.is_set)
             instance = health.instance_id()
             log.info(
                 "worker.started",
@@ -293,7 +377,7 @@ async def run_workers(
             mains = [asyncio.create_task(w.main(), name=f"arq-{r}") for w, r in zip(workers, roles, strict=True)]
             side = []
             if not burst and "planner" in roles:
-                side.append(asyncio.create_task(_reconcile_forever(runtime, settings)))
+                side.append(asyncio.create_task(_supervise_forever(runtime, settings)))
             if not burst and "executor" in roles:
                 side.append(asyncio.create_task(_recover_forever(runtime)))
             if not burst:

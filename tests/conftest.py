@@ -20,6 +20,10 @@ from bus.keys import Keys
 from llm.testing.guard import install_network_guard
 from taskloom.settings import Settings
 
+# The testing kit's fixtures (taskloom_redis, taskloom_run). An installed taskloom registers them
+# through its pytest11 entry point of the same name; a source tree that is not installed needs this.
+pytest_plugins = ("taskloom.testing.plugin",)
+
 # No test may reach a real provider: drop any key or URL the developer's shell may carry.
 for _name in [n for n in os.environ if n.startswith("ANTHROPIC_")]:
     del os.environ[_name]

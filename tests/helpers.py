@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 TASKLOOM = [sys.executable, "-m", "taskloom"]
@@ -62,3 +63,33 @@ def fake_model_env(subprocess_env: dict[str, str], base_url: str, counter: Path,
     )
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def demo_mcp_http(tmp_path: Path, *args: str, name: str = "http") -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """The demo support-desk MCP server over streamable HTTP on a free loopback port: (URL, process)."""
+    port_file = tmp_path / f"mcp-{name}.port"
+    with (tmp_path / f"mcp-{name}.stderr").open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "executor.demo_mcp", "--http", "--port-file", str(port_file), *args],
+            stderr=err,
+            cwd=TESTS_DIR.parent,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert proc.poll() is None, (tmp_path / f"mcp-{name}.stderr").read_text()
+            assert time.monotonic() < deadline, "the demo MCP server did not start within 30 s"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port_file.read_text()}/mcp", proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def mcp_log(path: Path) -> list[dict[str, object]]:
+    """The demo MCP server's call log (`--log`): one dict per call phase."""
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -7,6 +7,7 @@ import importlib
 
 import pytest
 
+import bench.testing_kit
 import bench.tokens
 from bench._harness import Responder, goal_text, plan_for, role_of
 from llm.testing import RecordedRequest, Reply
@@ -14,7 +15,10 @@ from planner.prompts import PLAN_TOOL
 from planner.prompts import SYSTEM as PLANNER_SYSTEM
 
 
-@pytest.mark.parametrize("name", ["hops", "speedup", "throughput", "tokens", "memory", "ledger", "toolkit"])
+@pytest.mark.parametrize(
+    "name",
+    ["hops", "speedup", "throughput", "tokens", "memory", "ledger", "toolkit", "recovery", "tools", "testing_kit"],
+)
 def test_bench_modules_import(name: str) -> None:
     importlib.import_module(f"bench.{name}")
 
@@ -38,3 +42,9 @@ async def test_tokens_smallest_configuration(redis_url: str) -> None:
     table = await bench.tokens.run(redis_url, steps=2, observation=500, cache_min=0)
     assert "| no limit, no compaction, no cache (peer) |" in table
     assert table.count("\n| ") >= 6  # header, rule and one row per configuration
+
+
+async def test_testing_kit_smallest_configuration(redis_url: str) -> None:
+    """bench.testing_kit runs the demo goal once per configuration and prints its table."""
+    table = await bench.testing_kit.run(1, redis_url)
+    assert table.count("\n| ") == 6  # header, rule and four rows

@@ -58,6 +58,7 @@ async def start_task(
     tools: list[str],
     budget: int = 200_000,
     deadline: Any = None,
+    instructions: str = "use the tools",
     **overrides: Any,
 ) -> Env:
     """A goal with a one-task plan, the task dispatched (ready, attempt 1)."""
@@ -66,7 +67,7 @@ async def start_task(
     gid = await client.submit({"text": "test goal", "budget_tokens": budget, "deadline": deadline})
     store = client.store
     await store.transition_goal(gid, GoalState.PLANNING)
-    spec = TaskSpec(id="t1", title="t", instructions="use the tools", definition_of_done="an answer", tools=tools)
+    spec = TaskSpec(id="t1", title="t", instructions=instructions, definition_of_done="an answer", tools=tools)
     await store.save_plan(gid, Plan(tasks=[spec]), expected_version=0)
     await store.transition_goal(gid, GoalState.RUNNING)
     await store.transition_task(gid, "t1", TaskState.READY, attempt=1)
@@ -105,6 +106,20 @@ async def test_parallel_read_only_calls_overlap_and_answer_in_one_message(
     assert task.state is TaskState.REVIEWING
     queued = [q.decode() for q in await redis.zrange(keys.queue("critic"), 0, -1)]
     assert queued == [env.rt.jobs.job_id(ReviewJob(goal_id=env.goal_id, task_id="t1", attempt=1))]
+
+
+async def test_a_task_given_more_tools_than_the_limit_is_offered_those_its_words_are_about(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """Over tool_select_limit assigned tools: the model is offered the ones the task's text is about."""
+    tools = ["slow_a", "slow_b", "count", "big", "charge"]
+    env = await start_task(
+        redis, keys, settings, model, tools, instructions="Charge the money for the order.", tool_select_limit=2
+    )
+    fake.enqueue(text_reply("charged"), text_reply("charged"))  # the second answers the use-your-tools nudge
+    await run(env)
+    offered = [t["name"] for t in fake.message_requests[0].body["tools"]]
+    assert offered == ["charge"]
 
 
 @pytest.mark.parametrize(

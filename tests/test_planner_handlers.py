@@ -139,6 +139,21 @@ async def test_plan_prompt_lists_the_allowed_tools(redis: ArqRedis, keys: Keys, 
     assert (await rt.store.get_goal("g1")).state is GoalState.RUNNING
 
 
+async def test_a_large_catalog_is_narrowed_by_the_goals_words_but_any_tool_may_be_planned(
+    redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
+) -> None:
+    """Over tool_select_limit tools: the prompt lists the relevant ones; a plan may still use an unlisted one."""
+    rt = runtime(redis, keys, sdk(fake), tool_select_limit=2)
+    await new_goal(rt)
+    fake.enqueue(plan_reply(task("a", tools=("lookup_order", "refund_policy"))))
+    await plan(rt, PlanJob(goal_id="g1"))
+    [request] = fake.message_requests
+    text = json.dumps(request.body["messages"])
+    assert "check_refund_eligibility:" in text and "refund_policy:" in text
+    assert "lookup_order:" not in text  # ranked below the two refund tools for this goal
+    assert (await rt.store.get_goal("g1")).state is GoalState.RUNNING  # lookup_order was accepted
+
+
 async def test_plan_rerun_makes_no_second_model_call(redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer) -> None:
     """A re-delivered plan job for a running goal only re-dispatches: no model call, no new version."""
     rt = runtime(redis, keys, sdk(fake))

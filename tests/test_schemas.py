@@ -61,6 +61,15 @@ def test_task_ids_must_be_plain(bad_id: str) -> None:
         TaskSpec(id=bad_id, title="t", instructions="i", definition_of_done="d")
 
 
+def test_the_reserved_task_id_is_refused_by_name() -> None:
+    """A task named `ids` would overwrite the goal's task-id set in Redis: refused, and the message says why."""
+    with pytest.raises(ValidationError, match="task id 'ids' is reserved"):
+        Plan(tasks=[TaskSpec(id="ids", title="t", instructions="i", definition_of_done="d")])
+    with pytest.raises(ValidationError, match="reserved"):
+        TaskSpec(id="a", title="t", instructions="i", definition_of_done="d", depends_on=["ids"])
+    assert TaskSpec(id="ids2", title="t", instructions="i", definition_of_done="d").id == "ids2"
+
+
 def _reachable(transitions: dict, start: object) -> set[object]:  # type: ignore[type-arg]
     seen, todo = {start}, deque([start])
     while todo:

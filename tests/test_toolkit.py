@@ -38,6 +38,8 @@ def test_functions_become_tools_with_a_schema_from_their_parameters() -> None:
     ctx = ToolContext(goal_id="g", task_id="t", attempt=2, step=3, call_id="c")
     out = asyncio.run(c.invoke(c.params(amount=5), ctx))
     assert out == "g:t:2:3:c"
+    stable = ToolContext(goal_id="g", task_id="t", attempt=2, step=3, call_id="c", tool="charge", args_digest="d1")
+    assert stable.idempotency_key == "g:t:charge:d1"  # the same in every attempt of the task
     assert PublicToolkit is Toolkit
 
 

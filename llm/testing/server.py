@@ -63,8 +63,18 @@ class FakeAnthropicServer:
     ...     client = anthropic.Anthropic(api_key="test", base_url=server.base_url)
     """
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, cache_min_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        cache_min_tokens: int = 0,
+        bill_key: Callable[[RecordedRequest], str | None] | None = None,
+    ) -> None:
         self._host = host
+        # Optional: attribute each billed reply to a key (a goal, say) for `billed_for`.
+        self._bill_key = bill_key
+        self._billed_by: dict[str, Usage] = {}
         self._port = port
         self._cache_min_tokens = cache_min_tokens
         self._lock = threading.Lock()
@@ -163,6 +173,11 @@ class FakeAnthropicServer:
 
     # -- called by the handler threads ----------------------------------------------------------
 
+    def billed_for(self, key: str) -> Usage:
+        """The usage billed to `key` (see `bill_key`)."""
+        with self._lock:
+            return self._billed_by.get(key, Usage())
+
     def _record(self, method: str, path: str, headers: Mapping[str, str], body: Mapping[str, Any]) -> RecordedRequest:
         with self._lock:
             request_id = f"req_fake_{next(self._ids):06d}"
@@ -183,13 +198,15 @@ class FakeAnthropicServer:
             )
         return responder(request)
 
-    def _bill(self, body: Mapping[str, Any], output_tokens: int) -> Usage:
+    def _bill(self, body: Mapping[str, Any], output_tokens: int, key: str | None = None) -> Usage:
         with self._lock:
             uncached, read, write = split_cached(dict(body), self._cache, self._cache_min_tokens)
             usage = Usage(
                 input_tokens=uncached, output_tokens=output_tokens, cache_read_tokens=read, cache_write_tokens=write
             )
             self._billed = self._billed + usage
+            if key is not None:
+                self._billed_by[key] = self._billed_by.get(key, Usage()) + usage
             return usage
 
     def _sleep(self, seconds: float) -> None:
@@ -283,7 +300,8 @@ class _Handler(BaseHTTPRequestHandler):
             script = self.fake._next_script(recorded)
             if isinstance(script, Failure):
                 return self._fail(script, rid)
-            return self._reply(script, body, rid)
+            key = self.fake._bill_key(recorded) if self.fake._bill_key is not None else None
+            return self._reply(script, body, rid, key)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (timeout); what was billed stays billed
 
@@ -296,10 +314,10 @@ class _Handler(BaseHTTPRequestHandler):
         body: Any = failure.body if failure.body is not None else error_body(failure.status, "fake failure")
         self._send(failure.status, body if isinstance(body, str) else dict(body), rid, failure.headers)
 
-    def _reply(self, reply: Reply, body: Mapping[str, Any], rid: str) -> None:
+    def _reply(self, reply: Reply, body: Mapping[str, Any], rid: str, key: str | None = None) -> None:
         content = [dict(block) for block in reply.content]
         output = reply.output_tokens if reply.output_tokens is not None else count_output_tokens(content)
-        usage = self.fake._bill(body, output)
+        usage = self.fake._bill(body, output, key)
         self.fake._sleep(reply.delay)
         message = {
             "id": f"msg_{rid.removeprefix('req_')}",

@@ -1,0 +1,121 @@
+"""Who retries what, decided in one place.
+
+Two layers retry model calls, each for its own kind of trouble:
+
+* the `anthropic` SDK retries a blip inside one call (`TASKLOOM_MODEL_MAX_RETRIES`, a few seconds,
+  honouring `retry-after`);
+* the job layer survives an outage: a handler that meets a transient model error
+  (`RetryableModelError`, `ModelTimeoutError`, `ModelConnectionError`) lets it escape, and the job
+  wrapper (`taskloom.workers`) re-runs the same job later (arq `Retry`, same job id) with
+  exponential backoff and jitter, never sooner than the provider's `retry-after`. The goal's
+  patience (`TASKLOOM_PROVIDER_PATIENCE`) is counted from the first failure of the current trouble,
+  shared by all of the goal's jobs, and reset by its next successful call. Past it, or at once for
+  a terminal model error, the goal ends `failed` with a reason naming the error and its request id.
+
+Every other exception that escapes a handler (a bug, a race, a corrupted record) is re-run a few
+times with backoff (handlers are idempotent), then fails the goal with a reason; a lost Redis
+connection is re-run without limit. Nothing escapes to arq as a silent failure.
+
+This module holds the pure decisions and the small clock of a goal's provider trouble.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import redis.exceptions
+from redis.asyncio import Redis
+
+from llm.errors import ModelError
+
+from .keys import Keys
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    patience: float = 900.0  # seconds a goal tolerates provider trouble
+    base: float = 1.0  # first backoff, seconds
+    cap: float = 30.0  # longest backoff, seconds
+    internal_tries: int = 5  # tries of a job failing with an unexpected exception before its goal fails
+
+
+@dataclass(frozen=True)
+class RetryLater:
+    delay: float  # seconds
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    reason: str
+
+
+Decision = RetryLater | GiveUp
+
+
+def backoff(tries: int, policy: RetryPolicy, rng: random.Random | None = None) -> float:
+    """Exponential backoff with jitter: between half and all of `base * 2^(tries-1)`, capped."""
+    ceiling = min(policy.cap, policy.base * 2 ** max(0, min(tries - 1, 30)))
+    return (rng or random).uniform(ceiling / 2, ceiling)
+
+
+def describe(exc: ModelError) -> str:
+    """The provider error as an operator needs it: class, message, status and request id."""
+    parts = [f"status={exc.status}" if exc.status is not None else "", f"request_id={exc.request_id or 'none'}"]
+    return f"{type(exc).__name__}: {exc.message} ({', '.join(p for p in parts if p)})"
+
+
+def on_model_error(
+    exc: ModelError, tries: int, trouble_seconds: float, policy: RetryPolicy, rng: random.Random | None = None
+) -> Decision:
+    """What the job layer does about a model error that escaped a handler.
+
+    `tries` is the job's try number (1 for its first run); `trouble_seconds` how long the goal has
+    been in provider trouble, this failure included.
+    """
+    if not exc.retryable:
+        return GiveUp(f"model error that retrying cannot fix: {describe(exc)}")
+    left = policy.patience - trouble_seconds
+    if left <= 0:
+        waited = f"provider trouble for {trouble_seconds:.0f} s (patience {policy.patience:g} s)"
+        return GiveUp(f"{waited}; last error: {describe(exc)}")
+    delay = max(backoff(tries, policy, rng), exc.retry_after or 0.0)
+    # The last try lands at the end of the patience, not past it.
+    return RetryLater(min(delay, max(left, 0.1)))
+
+
+def is_redis_trouble(exc: BaseException) -> bool:
+    """Redis is away (restarting, failing over, loading its AOF): the job must simply run again."""
+    return isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | OSError) or (
+        isinstance(exc, redis.exceptions.ResponseError)
+        and str(exc).startswith(("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN"))
+    )
+
+
+def on_other_error(exc: BaseException, tries: int, policy: RetryPolicy, rng: random.Random | None = None) -> Decision:
+    """An exception that is not a model error escaped a handler."""
+    if is_redis_trouble(exc):
+        return RetryLater(backoff(tries, policy, rng))
+    if tries < policy.internal_tries:
+        return RetryLater(backoff(tries, policy, rng))
+    return GiveUp(f"internal error after {tries} tries: {type(exc).__name__}: {exc}"[:2000])
+
+
+class TroubleClock:
+    """When a goal's current provider trouble began: set by its first failure, cleared by a success."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+
+    async def failed(self, goal_id: str, now_ms: int) -> int:
+        """Record a failure at `now_ms`; return when the current trouble began (ms)."""
+        key = self.keys.provider_trouble(goal_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(key, now_ms, nx=True, ex=7 * 24 * 3600)
+            pipe.get(key)
+            _, since = await pipe.execute()
+        return int(since) if since is not None else now_ms
+
+    async def succeeded(self, goal_id: str) -> None:
+        await self.redis.delete(self.keys.provider_trouble(goal_id))

@@ -1,0 +1,158 @@
+"""`taskloom mcp`: the fleet as an MCP server, so that any MCP host (an IDE, a desktop assistant,
+another agent) can submit goals, watch them and decide approvals.
+
+Tools, each a thin call of `bus.client.Client`:
+
+- `submit_goal`, `cancel_goal`, `approve_call`, `deny_call` change state; `--read-only` leaves
+  them out, so a read-only server can watch the fleet and nothing else.
+- `goal_status` (with the calls awaiting approval), `wait_goal` (bounded by `--max-wait`, and it
+  answers "not done yet" instead of failing when the time is up), `goal_events` (a page of the
+  goal's audit stream, with the position to continue from).
+
+`approve_call` and `deny_call` are annotated destructive and carry `_meta` `dev.taskloom/approval`,
+so a host asks its user before calling them. Failures (an unknown goal, an invalid goal, a call
+already decided) come back as `isError` results whose text says what is wrong.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import mcp_types as mt
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import ValidationError
+
+from bus.client import Client, WaitTimeout
+from bus.schemas import Goal
+from bus.store import IllegalTransition, NotFound
+
+APPROVAL_META = {"dev.taskloom/approval": True}
+READ = mt.ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+WRITE = mt.ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+DESTRUCTIVE = mt.ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
+MAX_EVENTS = 500
+
+
+def _problems(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in errors)
+
+
+def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) -> MCPServer:
+    """The MCP server over `client` (which the caller opens and closes)."""
+    server: MCPServer = MCPServer(
+        "taskloom",
+        instructions=(
+            "Submit goals to a taskloom fleet (planner, executors, critic) and follow them. A goal runs "
+            "asynchronously: submit_goal returns its id; use wait_goal or goal_status until it ends. "
+            "Tool calls that need a person's approval are listed by goal_status under 'approvals'."
+        ),
+        log_level="WARNING",
+    )
+
+    async def guarded(call: Any) -> Any:
+        try:
+            return await call
+        except NotFound as exc:
+            raise ToolError(str(exc)) from None
+        except IllegalTransition as exc:
+            raise ToolError(str(exc)) from None
+        except ValidationError as exc:
+            raise ToolError(f"invalid input: {_problems(exc)}") from None
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
+
+    @server.tool(annotations=READ)
+    async def goal_status(goal_id: str) -> dict[str, Any]:
+        """A goal's state, answer or reason, plan version, every task's state, and the tool calls
+        awaiting a person's approval (by call id)."""
+        status = await guarded(client.status(goal_id))
+        approvals = await guarded(client.approvals(goal_id))
+        goal = status.goal
+        return {
+            "goal_id": goal.id,
+            "state": goal.state.value,
+            "answer": goal.answer,
+            "reason": goal.reason,
+            "plan_version": goal.plan_version,
+            "tasks": [{"task_id": t.task_id, "state": t.state.value, "attempt": t.attempt} for t in status.tasks],
+            "approvals": approvals,
+        }
+
+    @server.tool(annotations=READ)
+    async def wait_goal(goal_id: str, timeout_seconds: float = 30.0) -> dict[str, Any]:
+        """Wait until a goal ends, at most `timeout_seconds` (capped by the server). Returns
+        done=false and the current state when the time is up: call it again to keep waiting."""
+        bound = max(0.0, min(timeout_seconds, max_wait))
+        try:
+            goal = await guarded(client.wait(goal_id, timeout=bound))
+        except WaitTimeout as exc:
+            return {"goal_id": goal_id, "done": False, "state": exc.state, "waited_seconds": bound}
+        done = {"goal_id": goal.id, "done": True, "state": goal.state.value}
+        return {**done, "answer": goal.answer, "reason": goal.reason}
+
+    @server.tool(annotations=READ)
+    async def goal_events(goal_id: str, after: str | None = None, limit: int = 100) -> dict[str, Any]:
+        """A page of the goal's events (plan, task states, tool calls, approvals), oldest first, after
+        position `after` (omit it to start at the beginning). Pass `next_after` back to continue."""
+        if not 1 <= limit <= MAX_EVENTS:
+            raise ToolError(f"limit must be between 1 and {MAX_EVENTS}, got {limit}")
+        events = []
+        async for event in client.events(goal_id, after=after, follow=False):
+            events.append(event.model_dump(mode="json"))
+            if len(events) >= limit:
+                break
+        return {"events": events, "next_after": events[-1]["position"] if events else after}
+
+    if read_only:
+        return server
+
+    @server.tool(annotations=WRITE)
+    async def submit_goal(
+        text: str,
+        definition_of_done: str = "",
+        budget_tokens: int | None = None,
+        allowed_tools: list[str] | None = None,
+        deadline: str | None = None,
+        goal_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Submit a goal to the fleet; returns its id at once (the goal runs asynchronously).
+        `deadline` is an ISO 8601 time with a zone; `goal_id` (your own id) makes re-submitting safe."""
+        raw: dict[str, Any] = {"text": text, "definition_of_done": definition_of_done}
+        if budget_tokens is not None:
+            raw["budget_tokens"] = budget_tokens
+        if allowed_tools is not None:
+            raw["allowed_tools"] = allowed_tools
+        if deadline is not None:
+            try:
+                raw["deadline"] = dt.datetime.fromisoformat(deadline.replace("Z", "+00:00"))
+            except ValueError:
+                raise ToolError(f"deadline: expected an ISO 8601 time, got {deadline!r}") from None
+        try:
+            goal = Goal.model_validate(raw)
+        except ValidationError as exc:
+            raise ToolError(f"invalid goal: {_problems(exc)}") from None
+        gid = await guarded(client.submit(goal, goal_id=goal_id))
+        return {"goal_id": gid}
+
+    @server.tool(annotations=DESTRUCTIVE)
+    async def cancel_goal(goal_id: str, reason: str = "cancelled by an MCP client") -> dict[str, Any]:
+        """Cancel a goal and its unfinished tasks."""
+        changed = await guarded(client.cancel(goal_id, reason))
+        return {"goal_id": goal_id, "cancelled": True, "already_cancelled": not changed}
+
+    @server.tool(annotations=DESTRUCTIVE.model_copy(update={"title": "Approve a tool call"}), meta=APPROVAL_META)
+    async def approve_call(goal_id: str, call_id: str) -> dict[str, Any]:
+        """APPROVAL: let a tool call that awaits a person's approval run (see goal_status 'approvals')."""
+        first = await guarded(client.decide(goal_id, call_id, True, by="mcp"))
+        return {"goal_id": goal_id, "call_id": call_id, "approved": True, "first_decision": first}
+
+    @server.tool(annotations=DESTRUCTIVE.model_copy(update={"title": "Deny a tool call"}), meta=APPROVAL_META)
+    async def deny_call(goal_id: str, call_id: str, reason: str = "denied by an operator") -> dict[str, Any]:
+        """APPROVAL: refuse a tool call that awaits approval; the agent sees an ERROR with `reason`."""
+        first = await guarded(client.decide(goal_id, call_id, False, reason, by="mcp"))
+        return {"goal_id": goal_id, "call_id": call_id, "approved": False, "first_decision": first}
+
+    return server

@@ -1,0 +1,327 @@
+"""Parity: one scenario set (parallel DAG, critic retry, replan, budget stop, cancel) runs the same way
+in-process on fakeredis (`taskloom.testing`) and on real worker processes over a real Redis, with the
+same scripts answering (in-process as a ModelPort, for the workers through the fake Messages API).
+
+Each scenario is driven by the same code on both paths and checked by the same assertions, read
+back from Redis with the same `collect`. The in-process half runs each scenario in about a tenth
+of a second; the worker half starts one planner, critic and executor process and runs all five
+goals on them at once (marked `e2e`; see the README's testing section for how long it takes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import toolkits_for_tests
+from arq.connections import ArqRedis
+from helpers import eventually
+from test_e2e import fleet, worker_env
+
+from bus.client import Client
+from bus.keys import ROLES, Keys
+from bus.schemas import GoalState, TaskState
+from llm.testing import Failure, FakeAnthropicServer, RecordedRequest, error_body, request_from_wire
+from llm.testing import Script as FakeScript
+from llm.types import ModelRequest, TextBlock
+from taskloom.testing import (
+    InProcessFleet,
+    ReplayModel,
+    RunResult,
+    ScriptedModel,
+    accept,
+    collect,
+    http_responder,
+    plan,
+    replan,
+    retry,
+    task,
+    tool_call,
+    tool_calls,
+)
+
+FEEDBACK = "STATE-THE-DEADLINE"
+BUDGET = 5_000
+
+
+class Runner:
+    """What a scenario needs from a path: submit, a client, and a wait until nothing is left to do."""
+
+    client: Client
+
+    async def submit(self, goal: dict[str, Any]) -> str:
+        return await self.client.submit(goal)
+
+    async def settle(self, goal_id: str) -> RunResult:
+        raise NotImplementedError
+
+
+@dataclass
+class Scenario:
+    name: str
+    goal: str
+    model: Callable[[], ScriptedModel]
+    check: Callable[[RunResult, ScriptedModel, list[str]], None]
+    budget: int = 200_000
+    during: Callable[[Runner, str, ScriptedModel], Awaitable[None]] | None = None
+    scripted: ScriptedModel = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scripted = self.model()
+
+
+def counted(lines: list[str], prefix: str) -> list[str]:
+    return sorted(line for line in lines if line.split()[0].startswith(prefix) or line.startswith(f"timed {prefix}"))
+
+
+# -- the scenarios --------------------------------------------------------------------------------
+
+
+def parallel_dag() -> ScriptedModel:
+    tasks = [task(f"par-{t}", tools=["timed"]) for t in "abc"]
+    return ScriptedModel(
+        planner=[plan(*tasks, task("par-d", depends_on=["par-a", "par-b", "par-c"]))],
+        executor={
+            **{f"par-{t}": [tool_call("timed", name=f"par-{t}", seconds=0.5), f"{t} timed"] for t in "abc"},
+            "par-d": ["d after a, b and c"],
+        },
+    )
+
+
+def check_parallel_dag(result: RunResult, model: ScriptedModel, lines: list[str]) -> None:
+    assert result.state is GoalState.SUCCEEDED, result.summary()
+    assert {t: (r.state, r.attempt) for t, r in result.tasks.items()} == {
+        f"par-{t}": (TaskState.DONE, 1) for t in "abcd"
+    }
+    spans = [line.split() for line in lines if line.startswith("timed par-")]
+    assert len(spans) == 3, lines
+    # a, b and c ran at the same time; d started only after all three were accepted.
+    assert max(float(s[3]) for s in spans) < min(float(s[4]) for s in spans), spans
+    moves = [(e.task_id, e.data.get("state")) for e in result.events if e.type == "task.state"]
+    assert max(moves.index((f"par-{t}", "done")) for t in "abc") < moves.index(("par-d", "ready")), moves
+
+
+def critic_retry() -> ScriptedModel:
+    return ScriptedModel(
+        planner=[plan(task("ret-x"))],
+        executor={"ret-x": ["first answer", "answer with the deadline"]},
+        review={"ret-x": [retry(FEEDBACK), accept()]},
+    )
+
+
+def check_critic_retry(result: RunResult, model: ScriptedModel, lines: list[str]) -> None:
+    assert result.state is GoalState.SUCCEEDED, result.summary()
+    assert (result.tasks["ret-x"].state, result.tasks["ret-x"].attempt) == (TaskState.DONE, 2)
+    first, second = (_first_text(r) for r in model.requests("executor", "ret-x"))
+    assert FEEDBACK not in first and f"Reviewer feedback: {FEEDBACK}" in second
+    assert [r.answer for r in result.results] == ["first answer", "answer with the deadline"]
+
+
+def replanning() -> ScriptedModel:
+    p = task("rep-p", tools=["count"])
+    return ScriptedModel(
+        planner=[
+            plan(p, task("rep-q", depends_on=["rep-p"], tools=["count"])),
+            plan(p, task("rep-q2", depends_on=["rep-p"], tools=["count"])),
+        ],
+        executor={t: [tool_call("count", name=t), f"{t} counted"] for t in ("rep-p", "rep-q", "rep-q2")},
+        review={"rep-q": [replan("rep-q cannot work as planned")]},
+    )
+
+
+def check_replan(result: RunResult, model: ScriptedModel, lines: list[str]) -> None:
+    assert result.state is GoalState.SUCCEEDED, result.summary()
+    assert result.goal.plan_version == 2
+    assert {t: (r.state, r.attempt) for t, r in result.tasks.items()} == {
+        "rep-p": (TaskState.DONE, 1),  # kept by the new plan: not run again
+        "rep-q": (TaskState.SUPERSEDED, 1),
+        "rep-q2": (TaskState.DONE, 1),
+    }
+    assert counted(lines, "rep-") == ["rep-p", "rep-q", "rep-q2"]
+    assert result.plans[0].plan.tasks[0] == result.plans[1].plan.tasks[0]
+
+
+def budget_stop() -> ScriptedModel:
+    chain = [task("bud-a", tools=["count"]), task("bud-b", depends_on=["bud-a"], tools=["count"])]
+    chain.append(task("bud-c", depends_on=["bud-b"], tools=["count"]))
+    return ScriptedModel(
+        planner=[plan(*chain)],
+        # Long answers, so that the budget runs out in the middle of the chain.
+        executor={
+            t: [tool_calls(("count", {"name": t})), f"{t} counted " + "x" * 800] for t in ("bud-a", "bud-b", "bud-c")
+        },
+    )
+
+
+def check_budget_stop(result: RunResult, model: ScriptedModel, lines: list[str]) -> None:
+    assert result.state is GoalState.BUDGET_EXHAUSTED, result.summary()
+    books = result.ledger
+    assert books is not None and books.spent <= BUDGET and books.open == 0 and books.refusals >= 1, books
+    # The work accepted before the money ran out is kept; b ran out mid-attempt; c never started.
+    assert {t: (r.state, r.attempt, r.reason) for t, r in result.tasks.items()} == {
+        "bud-a": (TaskState.DONE, 1, None),
+        "bud-b": (TaskState.FAILED, 1, "budget_exhausted"),
+        "bud-c": (TaskState.PENDING, 0, None),
+    }, result.summary()
+    assert counted(lines, "bud-") == ["bud-a", "bud-b"]
+
+
+def cancelling() -> ScriptedModel:
+    return ScriptedModel(
+        planner=[plan(task("can-s", tools=["sleepy"]))],
+        executor={"can-s": [tool_call("sleepy", seconds=20)]},
+    )
+
+
+async def cancel_while_the_tool_sleeps(runner: Runner, goal_id: str, model: ScriptedModel) -> None:
+    async def sleeping() -> bool:
+        record = (await runner.client.store.get_tasks(goal_id)).get("can-s")
+        return bool(model.requests("executor", "can-s")) and record is not None and record.state is TaskState.RUNNING
+
+    await eventually(sleeping, timeout=20)
+    await asyncio.sleep(0.3)  # the reply is in and the tool is running
+    await runner.client.cancel(goal_id)
+
+
+def check_cancel(result: RunResult, model: ScriptedModel, lines: list[str]) -> None:
+    assert result.state is GoalState.CANCELLED, result.summary()
+    assert result.tasks["can-s"].state is TaskState.CANCELLED
+    assert len(model.requests("executor", "can-s")) == 1  # no model call after the cancel
+    assert result.seconds < 15  # stopped long before the tool's 20 s
+
+
+def _first_text(request: ModelRequest) -> str:
+    return "\n".join(b.text for b in request.messages[0].content if isinstance(b, TextBlock))
+
+
+def scenarios() -> list[Scenario]:
+    return [
+        Scenario("parallel_dag", "Run three checks in parallel, then a fourth.", parallel_dag, check_parallel_dag),
+        Scenario("critic_retry", "Answer once, be told to retry.", critic_retry, check_critic_retry),
+        Scenario("replan", "Plan, be told to replan.", replanning, check_replan),
+        Scenario("budget_stop", "Run a chain on a small budget.", budget_stop, check_budget_stop, budget=BUDGET),
+        Scenario("cancel", "Sleep, then be cancelled.", cancelling, check_cancel, during=cancel_while_the_tool_sleeps),
+    ]
+
+
+async def drive(runner: Runner, scenario: Scenario) -> RunResult:
+    """The same steps on both paths: submit, act while it runs, wait until nothing is left to do."""
+    started = time.monotonic()
+    goal_id = await runner.submit({"text": scenario.goal, "budget_tokens": scenario.budget})
+    if scenario.during is not None:
+        await scenario.during(runner, goal_id, scenario.scripted)
+    result = await runner.settle(goal_id)
+    return replace(result, seconds=time.monotonic() - started)
+
+
+def signature(result: RunResult) -> tuple[Any, ...]:
+    """How a run ended, in terms both paths must agree on exactly."""
+    calls = sorted((c.task_id, c.attempt, c.name, str(c.input), c.outcome) for c in result.tool_calls)
+    books = result.ledger
+    return (
+        result.state,
+        result.goal.plan_version,
+        {t: (r.state, r.attempt, r.reason) for t, r in result.tasks.items()},
+        [(r.task_id, r.attempt, r.answer, r.stop_reason) for r in result.results],
+        calls,
+        (books.calls, books.spent, books.refusals) if books else None,
+    )
+
+
+def counter_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+# -- path 1: in-process on fakeredis --------------------------------------------------------------
+
+
+class InProcess(Runner):
+    def __init__(self, fleet: InProcessFleet) -> None:
+        assert fleet.client is not None
+        self.fleet = fleet
+        self.client = fleet.client
+
+    async def settle(self, goal_id: str) -> RunResult:
+        return await self.fleet.settle(goal_id, timeout=30)
+
+
+@pytest.mark.parametrize("scenario", scenarios(), ids=lambda s: s.name)
+async def test_scenario_in_process(scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each parity scenario, run in-process on fakeredis, ends as its checks require."""
+    counter = tmp_path / "counter.txt"
+    monkeypatch.setenv("TL_COUNTER_FILE", str(counter))
+    async with InProcessFleet(model=scenario.scripted, tools=toolkits_for_tests.kit) as f:
+        result = await drive(InProcess(f), scenario)
+    assert not scenario.scripted.problems
+    scenario.check(result, scenario.scripted, counter_lines(counter))
+
+
+# -- path 2: real worker processes on a real Redis ------------------------------------------------
+
+
+class Workers(Runner):
+    def __init__(self, redis: ArqRedis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.client = Client(redis, keys, default_budget_tokens=200_000)
+
+    async def settle(self, goal_id: str) -> RunResult:
+        await self.client.wait(goal_id, timeout=60)
+
+        async def idle() -> bool:  # a job stays in its queue until it has finished
+            sizes = [await self.redis.zcard(self.keys.queue(r)) for r in ROLES]
+            return not any(sizes)
+
+        await eventually(idle, timeout=30)
+        await asyncio.sleep(0.05)
+        await eventually(idle, timeout=30)
+        return await collect(self.redis, self.keys, goal_id)
+
+
+def by_goal(all_scenarios: list[Scenario]) -> Callable[[RecordedRequest], FakeScript]:
+    """One fake Messages API for every scenario: each request goes to the script of the goal it is about."""
+    responders = [(s.goal, http_responder(s.scripted)) for s in all_scenarios]
+
+    def respond(recorded: RecordedRequest) -> FakeScript:
+        first = _first_text(request_from_wire(recorded.body))
+        for goal, responder in responders:
+            if goal in first:
+                return responder(recorded)
+        return Failure(status=400, body=error_body(400, "no parity scenario has this goal"))
+
+    return respond
+
+
+@pytest.mark.e2e
+async def test_scenarios_on_worker_processes(
+    redis: ArqRedis, keys: Keys, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """All parity scenarios at once on real planner, critic and executor processes: the same checks pass."""
+    all_scenarios = scenarios()
+    with FakeAnthropicServer() as fake:
+        fake.respond_with(by_goal(all_scenarios))
+        # The workers also record every model call they make: replayed in-process below.
+        env = worker_env(subprocess_env, fake, tmp_path, TASKLOOM_RECORD=str(tmp_path / "fleet.jsonl"))
+        runner = Workers(redis, keys)
+        async with fleet(env, tmp_path, "planner", "critic", "executor"):
+            results = await asyncio.gather(*(drive(runner, s) for s in all_scenarios))
+    lines = counter_lines(tmp_path / "counter.txt")
+    for scenario, result in zip(all_scenarios, results, strict=True):
+        assert not scenario.scripted.problems, scenario.name
+        scenario.check(result, scenario.scripted, lines)
+    # And each ended exactly as it does in-process: same states, results, tool calls and tokens spent;
+    # and the cassette the worker processes recorded replays in-process to the same end.
+    for scenario, result in zip(scenarios(), results, strict=True):
+        async with InProcessFleet(model=scenario.scripted, tools=toolkits_for_tests.kit) as f:
+            in_process = await drive(InProcess(f), scenario)
+        assert signature(in_process) == signature(result), scenario.name
+        if scenario.during is None:  # acting mid-run is timed on the scripted model's requests
+            replay = ReplayModel(tmp_path / "fleet.jsonl")
+            async with InProcessFleet(model=replay, tools=toolkits_for_tests.kit) as f:
+                replayed = await drive(InProcess(f), scenario)
+            assert signature(replayed) == signature(result), scenario.name
