@@ -309,3 +309,31 @@ async def test_status_prints_the_trace_id(redis: ArqRedis, keys: Keys, subproces
     shown = run_cli("status", gid, env=subprocess_env)
     assert shown.returncode == 0, shown.stderr
     assert f"trace: {trace_id}" in shown.stdout
+
+
+async def test_the_http_api_submit_joins_the_callers_trace(
+    spans: InMemorySpanExporter, redis: ArqRedis, keys: Keys
+) -> None:
+    """POST /v1/goals with a W3C traceparent header: the goal's root span continues the caller's trace."""
+    import httpx2
+    from test_api import serving
+
+    from taskloom.api.app import ApiConfig
+    from taskloom.api.auth import TokenBook, entry_for, parse_tokens
+
+    book = TokenBook(parse_tokens(entry_for("caller", ("submit",), "secret-caller"), "test"))
+    caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    async with serving(Client(redis, keys, 10_000), ApiConfig(tokens=book, max_body=8192)) as url:
+        async with httpx2.AsyncClient(base_url=url, timeout=20, trust_env=False) as http:
+            r = await http.post(
+                "/v1/goals",
+                json={"text": "refund order 42"},
+                headers={"Authorization": "Bearer secret-caller", "traceparent": f"00-{caller_trace}-{caller_span}-01"},
+            )
+    assert r.status_code == 201, r.text
+    record = await Client(redis, keys, 10_000).get(r.json()["goal_id"])
+    (server,) = _named(spans, "POST /v1/goals")
+    (goal,) = _named(spans, "goal")
+    assert f"{server.context.trace_id:032x}" == caller_trace == bt.trace_id_of(record.traceparent)
+    assert server.parent is not None and f"{server.parent.span_id:016x}" == caller_span
+    assert goal.parent is not None and goal.parent.span_id == server.context.span_id

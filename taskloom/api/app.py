@@ -24,11 +24,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
+from opentelemetry.trace import SpanKind
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+import bus.tracing as tracing
 from bus.approvals import AlreadyDecided
 from bus.client import Client
 from bus.connection import UNREACHABLE
@@ -359,6 +361,7 @@ def create_app(
     async def submit(
         goal: Goal,
         who: Submitter,
+        request: Request,
         response: Response,
         idempotency_key: Annotated[
             str | None,
@@ -377,7 +380,9 @@ def create_app(
             )
         existed = idempotency_key is not None and bool(await c.redis.exists(c.keys.goal(idempotency_key)))
         try:
-            gid = await c.submit(goal, goal_id=idempotency_key)
+            # A caller's W3C `traceparent` header: the goal joins the caller's trace (bus.tracing).
+            with tracing.span("POST /v1/goals", kind=SpanKind.SERVER, parent=request.headers.get("traceparent")):
+                gid = await c.submit(goal, goal_id=idempotency_key)
         except AlreadyExists:
             raise ApiError(
                 409,

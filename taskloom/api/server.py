@@ -68,6 +68,9 @@ def public_url(settings: Settings, host: str, port: int) -> str:
 
 async def serve(settings: Settings, sock: socket.socket, config: ApiConfig, url: str) -> None:
     """Run until SIGINT/SIGTERM. Every piece of state is in Redis: stopping loses nothing."""
+    from .. import tracing
+
+    tracing.configure(settings)  # a submit's `goal` span is exported from here (TASKLOOM_TRACING=otlp)
     async with connect(settings.redis_url, settings.home) as redis:
         keys = keys_for(settings)
         client = Client(redis, keys, settings.default_budget_tokens, settings.events_maxlen)
@@ -97,3 +100,4 @@ async def serve(settings: Settings, sock: socket.socket, config: ApiConfig, url:
                     await task
             with contextlib.suppress(Exception):
                 await deregister(redis, keys, url)
+            tracing.flush()
