@@ -40,12 +40,21 @@ from taskloom.testing import DemoModel, run_goal
 SECRET_PROMPT = "Refund order A100 for Jane Q. Customer, card 4111?"
 
 
+_providers: dict[int, TracerProvider] = {}
+
+
+def spans_provider(exporter: InMemorySpanExporter) -> TracerProvider:
+    """The provider that feeds the `spans` fixture's exporter."""
+    return _providers[id(exporter)]
+
+
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     """This process's spans go to an in-memory exporter; tracing flags back to off afterwards."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    _providers[id(exporter)] = provider
     bt.use_provider(provider)
     saved = bt.TraceSettings(**vars(bt.settings))
     bt.settings.enabled = True
@@ -55,6 +64,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
         bt.use_provider(None)
         vars(bt.settings).update(vars(saved))
         provider.shutdown()
+        del _providers[id(exporter)]
 
 
 @pytest.fixture
@@ -337,3 +347,24 @@ async def test_the_http_api_submit_joins_the_callers_trace(
     assert f"{server.context.trace_id:032x}" == caller_trace == bt.trace_id_of(record.traceparent)
     assert server.parent is not None and f"{server.parent.span_id:016x}" == caller_span
     assert goal.parent is not None and goal.parent.span_id == server.context.span_id
+
+
+async def test_a_goal_submitted_without_tracing_is_still_one_trace_in_the_workers(
+    spans: InMemorySpanExporter,
+) -> None:
+    """Submitted by a process that does not trace: the plan job has no traceparent, so its span continues
+    the goal record's (a root nobody exported), and every later span is in that same trace."""
+    from taskloom.testing import InProcessFleet
+
+    async with InProcessFleet(model=DemoModel(latency=0)) as fleet:
+        bt.use_provider(None)  # the submitter does not trace (the global provider is the API's no-op)
+        gid = await fleet.submit("Can order A100 be refunded? Today is 2026-10-13.")
+        bt.use_provider(spans_provider(spans))
+        result = await fleet.settle(gid)
+    assert result.state is GoalState.SUCCEEDED
+    root = result.goal.traceparent or ""
+    finished = spans.get_finished_spans()
+    assert not _named(spans, "goal")
+    assert {f"{s.context.trace_id:032x}" for s in finished} == {bt.trace_id_of(root)}
+    (plan,) = _named(spans, "plan")
+    assert plan.parent is not None and root.split("-")[2] == f"{plan.parent.span_id:016x}"
