@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import time
 import uuid
@@ -16,6 +15,7 @@ from arq.connections import ArqRedis
 from arq.constants import result_key_prefix
 from pydantic import BaseModel, ConfigDict
 
+from .approvals import ApprovalBook, ApprovalDecision
 from .connection import connect
 from .events import EventLog
 from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
@@ -46,10 +46,6 @@ class GoalStatus(BaseModel):
     tasks: list[TaskRecord]
 
 
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 def new_goal_id() -> str:
     return uuid.uuid4().hex
 
@@ -63,6 +59,7 @@ class Client:
         self.log = EventLog(redis, keys, events_maxlen)
         self.jobs = Jobs(redis, keys)
         self.ledger = Ledger(redis, keys)
+        self.approval_book = ApprovalBook(redis, keys)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -189,8 +186,7 @@ class Client:
     async def approvals(self, goal_id: str) -> dict[str, dict[str, Any]]:
         """Tool calls of this goal waiting for a person's decision, by call id."""
         await self.get(goal_id)
-        raw = await self.redis.hgetall(self.keys.approval_requests(goal_id))  # type: ignore[misc]
-        return {_s(k): json.loads(v) for k, v in raw.items()}
+        return {k: r.model_dump(mode="json") for k, r in (await self.approval_book.requests(goal_id)).items()}
 
     async def decide(self, goal_id: str, call_id: str, approved: bool, reason: str = "") -> bool:
         """Approve or deny a tool call awaiting approval, and resume its task.
@@ -198,26 +194,23 @@ class Client:
         The first decision wins (a second one returns False and changes nothing). A denial reaches
         the model as an `ERROR` observation carrying `reason`.
         """
-        requests = await self.approvals(goal_id)
-        if call_id not in requests:
+        await self.get(goal_id)
+        req = (await self.approval_book.requests(goal_id)).get(call_id)
+        if req is None:
             raise NotFound("approval request", f"{goal_id}/{call_id}")
-        req = requests[call_id]
-        decision = "approved" if approved else f"denied:{reason}"
-        first = await self.redis.hsetnx(self.keys.approvals(goal_id), call_id, decision)  # type: ignore[misc]
-        if not first:
+        if not await self.approval_book.decide(goal_id, call_id, ApprovalDecision(approved=approved, reason=reason)):
             return False
-        await self.redis.hdel(self.keys.approval_requests(goal_id), call_id)  # type: ignore[misc]
         await self.log.emit(
             Event(
                 type="tool.approval_decided",
                 goal_id=goal_id,
-                task_id=req["task_id"],
+                task_id=req.task_id,
                 data={"call_id": call_id, "approved": approved, "reason": reason},
             )
         )
         # A new job id per decision: the attempt resumes from its stored steps.
         await self.jobs.enqueue(
-            ExecuteJob(goal_id=goal_id, task_id=req["task_id"], attempt=req["attempt"], resume=int(time.time() * 1000))
+            ExecuteJob(goal_id=goal_id, task_id=req.task_id, attempt=req.attempt, resume=int(time.time() * 1000))
         )
         return True
 

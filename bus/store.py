@@ -288,10 +288,10 @@ class Store:
         self._resume = redis.register_script(_RESUME)
 
     def _task_key(self, goal_id: str, task_id: str) -> str:
-        return f"{self.keys.tasks(goal_id)}:{task_id}"
+        return self.keys.task(goal_id, task_id)
 
     def _task_ids_key(self, goal_id: str) -> str:
-        return f"{self.keys.tasks(goal_id)}:ids"
+        return self.keys.task_ids(goal_id)
 
     def _streams(self, goal_id: str) -> list[str]:
         return [self.keys.goal_events(goal_id), self.keys.global_events()]
@@ -426,7 +426,7 @@ class Store:
                 utcnow().isoformat(),
                 ev.encode(event),
                 self.maxlen,
-                f"{self.keys.tasks(goal_id)}:",
+                self.keys.task_prefix(goal_id),
                 goal_id,
                 f"{time.time():.3f}",
                 "" if budget_tokens is None else str(budget_tokens),
@@ -480,7 +480,7 @@ class Store:
                 now,
                 ev.encode(event),
                 self.maxlen,
-                f"{self.keys.tasks(goal_id)}:",
+                self.keys.task_prefix(goal_id),
                 goal_id,
             ],
         )
@@ -517,7 +517,7 @@ class Store:
                 utcnow().isoformat(),
                 ev.encode(event),
                 self.maxlen,
-                f"{self.keys.tasks(goal_id)}:",
+                self.keys.task_prefix(goal_id),
                 *[t.id for t in plan.tasks],
             ],
         )
@@ -631,11 +631,11 @@ class Store:
     # -- results ------------------------------------------------------------------------------
     async def save_result(self, result: TaskResult) -> bool:
         """Store an attempt's result; the first write wins, so a re-run cannot replace it."""
-        field = f"{result.task_id}:{result.attempt}"
+        field = self.keys.result_field(result.task_id, result.attempt)
         return bool(await self.redis.hsetnx(self.keys.results(result.goal_id), field, result.model_dump_json()))  # type: ignore[misc]
 
     async def get_result(self, goal_id: str, task_id: str, attempt: int) -> TaskResult | None:
-        raw = await self.redis.hget(self.keys.results(goal_id), f"{task_id}:{attempt}")  # type: ignore[misc]
+        raw = await self.redis.hget(self.keys.results(goal_id), self.keys.result_field(task_id, attempt))  # type: ignore[misc]
         return None if raw is None else TaskResult.model_validate_json(raw)
 
     # -- internals ----------------------------------------------------------------------------

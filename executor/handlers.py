@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import time
@@ -15,6 +14,8 @@ from collections.abc import Callable
 
 import structlog
 
+from bus.approvals import ApprovalBook, ApprovalDecision, ApprovalRequest
+from bus.attempts import AttemptStore, LeaseLost, claim_expired, drop_lease, now_ms
 from bus.effects import SideEffects
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
@@ -28,7 +29,6 @@ from .gateway import ToolGateway, digest
 from .loop import Approvals, Handover, Loop, Paused, TaskInput
 from .registry import ToolRegistry
 from .sources.catalog import ToolCatalog
-from .steps import AttemptStore, LeaseLost, claim_expired, now_ms
 from .toolkit import ToolContext
 
 log = structlog.get_logger("taskloom.executor")
@@ -41,16 +41,14 @@ class RedisApprovals(Approvals):
     def __init__(self, rt: Runtime, goal_id: str) -> None:
         self.rt = rt
         self.goal_id = goal_id
+        self.book = ApprovalBook(rt.redis, rt.keys)
 
-    async def decision(self, call_id: str) -> str | None:
-        raw = await self.rt.redis.hget(self.rt.keys.approvals(self.goal_id), call_id)  # type: ignore[misc]
-        return None if raw is None else (raw.decode() if isinstance(raw, bytes) else str(raw))
+    async def decision(self, call_id: str) -> ApprovalDecision | None:
+        return await self.book.decision(self.goal_id, call_id)
 
     async def request(self, call: ToolUseBlock, ctx: ToolContext) -> None:
-        body = {"task_id": ctx.task_id, "attempt": ctx.attempt, "tool": call.name, "input": call.input}
-        await self.rt.redis.hset(  # type: ignore[misc]
-            self.rt.keys.approval_requests(self.goal_id), call.id, json.dumps(body, default=str)
-        )
+        request = ApprovalRequest(task_id=ctx.task_id, attempt=ctx.attempt, tool=call.name, input=call.input)
+        await self.book.request(self.goal_id, call.id, request)
         await self.rt.events.emit(
             Event(
                 type="tool.approval_requested",
@@ -289,10 +287,9 @@ async def recover_expired(rt: Runtime, limit: int = 100) -> int:
             task = await rt.store.get_task(goal_id, task_id)
         except NotFound:
             task = None
-        member = f"{goal_id}|{task_id}|{attempt}"
         ended = task is not None and (await rt.store.get_goal(goal_id)).terminal
         if task is None or ended or task.attempt != attempt or task.state != TaskState.RUNNING:
-            await rt.redis.zrem(rt.keys.leases(), member)
+            await drop_lease(rt.redis, rt.keys, goal_id, task_id, attempt)
             continue
         await rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=task_id, attempt=attempt, resume=now_ms()))
         log.warning("execute.recovered", goal_id=goal_id, task_id=task_id, attempt=attempt)

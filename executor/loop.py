@@ -1,5 +1,5 @@
 """The ReAct micro-loop of one task attempt: model turn -> tool calls -> observations -> ..., with
-every step stored before the next model call (see `executor.steps`), so a re-delivered job resumes
+every step stored before the next model call (see `bus.attempts`), so a re-delivered job resumes
 after its last stored step and never pays twice for a model turn it already received."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any
 
 import structlog
 
+from bus.approvals import ApprovalDecision
+from bus.attempts import AttemptStore, Pending, StepRecord, ToolOutcome
 from bus.effects import RESULT_LIMIT, EffectRecord, EffectState, SideEffects
 from bus.ledger import BudgetExhausted
 from bus.observe import observe
@@ -23,9 +25,8 @@ from llm.port import ModelPort
 from llm.types import Message, ModelRequest, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 
 from . import policy
-from .gateway import ToolGateway, ToolOutcome, digest, error_outcome
+from .gateway import ToolGateway, digest, error_outcome
 from .sources.base import CatalogTool, ToolContext
-from .steps import AttemptStore, Pending, StepRecord
 
 log = structlog.get_logger("taskloom.executor")
 
@@ -69,7 +70,7 @@ class Handover(Exception):
 class Approvals:
     """Where the loop asks for and reads approval decisions (implemented over Redis by the handler)."""
 
-    async def decision(self, call_id: str) -> str | None:  # "approved" | "denied:<reason>" | None
+    async def decision(self, call_id: str) -> ApprovalDecision | None:  # None: not decided yet
         raise NotImplementedError
 
     async def request(self, call: ToolUseBlock, ctx: ToolContext) -> None:
@@ -335,8 +336,8 @@ class Loop:
                 if decision is None:
                     await self.approvals.request(call, self._ctx(call, state))
                     raise Paused(call)
-                if decision != "approved":
-                    why = decision.removeprefix("denied:") or "no reason given"
+                if not decision.approved:
+                    why = decision.reason or "no reason given"
                     denied = error_outcome(call, "denied", f"denied by an operator: {why}")
                     done[call.id] = await self._record(call, denied, state)
                     continue

@@ -12,6 +12,7 @@ import pytest
 import toolkits_for_tests as tk
 from arq.connections import ArqRedis
 
+from bus.attempts import AttemptStore, LeaseLost
 from bus.client import Client
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.keys import Keys
@@ -20,7 +21,6 @@ from bus.schemas import GoalState, Plan, TaskResult, TaskSpec, TaskState
 from bus.store import NotFound
 from executor.handlers import execute
 from executor.registry import ToolRegistry
-from executor.steps import AttemptStore, LeaseLost
 from llm.anthropic import AnthropicModel
 from llm.testing import FakeAnthropicServer, RecordedRequest, text_reply, tool_reply
 from llm.types import ModelResponse, ToolUseBlock, Usage

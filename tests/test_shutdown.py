@@ -17,6 +17,7 @@ from typing import Any
 from arq.connections import ArqRedis
 from helpers import TASKLOOM, eventually, fake_model_env
 
+from bus.attempts import AttemptStore, lease_member
 from bus.client import Client
 from bus.jobs import ExecuteJob
 from bus.keys import Keys
@@ -26,7 +27,6 @@ from bus.runtime import Limits, Runtime
 from bus.schemas import GoalState, Plan, TaskSpec, TaskState
 from executor.handlers import execute
 from executor.registry import ToolRegistry
-from executor.steps import AttemptStore, lease_member
 from executor.toolkit import Toolkit
 from llm.anthropic import AnthropicModel
 from llm.testing import FakeAnthropicServer, RecordedRequest, Reply, text_reply, tool_reply
