@@ -15,14 +15,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
-import redis.exceptions
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from bus.client import Client, GoalStatus, WaitTimeout
-from bus.connection import EmbeddedRedisError
+from bus.connection import EmbeddedRedisError, RedisUnavailable
 from bus.keys import ROLES
 from bus.schemas import Event, Goal, GoalRecord, GoalState
 from bus.store import IllegalTransition, NotFound
@@ -82,7 +81,7 @@ def _with_client(fn: Callable[[Client], Awaitable[T]]) -> T:
         _fail(EXIT_NOT_FOUND, str(exc))
     except ValidationError as exc:
         _fail(EXIT_INVALID, _validation_message(exc))
-    except (redis.exceptions.ConnectionError, EmbeddedRedisError, OSError) as exc:
+    except (RedisUnavailable, EmbeddedRedisError, OSError) as exc:
         _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
 
 
@@ -116,7 +115,7 @@ def worker(
     configure_logging(log_level)
     try:
         asyncio.run(run_workers(roles, settings, burst=burst))
-    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
+    except (RedisUnavailable, EmbeddedRedisError) as exc:
         _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
     except (ModelConfigError, ToolLoadError, MetricsError) as exc:
         _fail(EXIT_INVALID, str(exc))
@@ -134,9 +133,7 @@ def health(
     """Exit 0 if Redis answers and each role has a worker with a fresh heartbeat; else 1 with the reason."""
     import socket
 
-    from redis.asyncio import Redis
-
-    from bus.connection import EmbeddedRedis
+    from bus.connection import EmbeddedRedis, plain_client
 
     from . import health as checks
 
@@ -149,7 +146,7 @@ def health(
     url = settings.redis_url or EmbeddedRedis(settings.home).url
 
     async def go() -> checks.Report:
-        redis = Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        redis = plain_client(url, timeout)
         try:
             return await asyncio.wait_for(
                 checks.check(redis, keys_for(settings), wanted, socket.gethostname() if local else None), timeout
@@ -383,7 +380,7 @@ def _run(goal: Goal, settings: Settings, local: bool, as_json: bool, timeout: fl
     configure_logging("WARNING", json=True, stream=sys.stderr)  # worker logs stay out of the live view
     try:
         record, books = asyncio.run(run_goal(settings, goal, local=local, console=console, timeout=timeout))
-    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
+    except (RedisUnavailable, EmbeddedRedisError) as exc:
         _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
     except (ModelConfigError, ToolLoadError) as exc:
         _fail(EXIT_INVALID, str(exc))
@@ -558,7 +555,7 @@ def mcp(
 
     try:
         asyncio.run(serve())
-    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
+    except (RedisUnavailable, EmbeddedRedisError) as exc:
         _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
     except KeyboardInterrupt:
         pass

@@ -26,13 +26,13 @@ from typing import Any
 
 import structlog
 from arq.connections import ArqRedis
-from arq.constants import in_progress_key_prefix
 from arq.worker import Function, Retry, Worker, func
 from pydantic import ValidationError
 
 import critic.handlers as critic
 import executor.handlers as executor
 import planner.handlers as planner
+from bus import fleet
 from bus.connection import connect
 from bus.jobs import JobPayload, parse_payload
 from bus.keys import ROLES, Keys
@@ -56,7 +56,7 @@ from planner.supervise import supervise
 
 from . import health, metrics
 from .settings import Settings
-from .wake import WakeableWorker
+from .wake import WakeableWorker, hold_job
 
 log = structlog.get_logger("taskloom.worker")
 
@@ -136,24 +136,6 @@ def keys_for(settings: Settings) -> Keys:
     )
 
 
-async def _hold_job(ctx: dict[str, Any], ttl: float) -> None:
-    """Keep arq's "in progress" mark of a running job alive in short leases.
-
-    arq marks a started job in progress for the longest job timeout + 10 s (over 10 minutes here),
-    and only re-runs the job of a dead worker once that mark expires. Our workers set the mark for
-    `ttl` when they pick a job up (`WakeableWorker`), and this renews it while the job runs, so
-    another worker re-runs a dead worker's job after at most `ttl` seconds; every handler is safe
-    to run twice. (arq is pinned to 0.28.*, whose mark
-    is `arq:in-progress:<job id>`; if it changes, jobs still run, just without this shortcut.)
-    """
-    key = in_progress_key_prefix + str(ctx.get("job_id"))
-    redis = ctx["redis"]
-    while True:
-        with contextlib.suppress(Exception):  # a missed renewal only risks an early duplicate run
-            await redis.pexpire(key, int(ttl * 1000))
-        await asyncio.sleep(ttl / 3)
-
-
 def _job_function(role: str, name: str, handler: Handler) -> Function:
     async def run(ctx: dict[str, Any], raw: Any) -> None:
         base = {"role": role, "job_id": ctx.get("job_id"), "job_try": ctx.get("job_try")}
@@ -169,7 +151,7 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
             log.info("job.start", function=name)
             observe(lambda o: o.job_started(role, name))
             outcome = "ok"
-            holder = asyncio.create_task(_hold_job(ctx, ctx["runtime"].limits.lease_ttl))
+            holder = asyncio.create_task(hold_job(ctx, ctx["runtime"].limits.lease_ttl))
             try:
                 goal_id = getattr(payload, "goal_id", None)
                 if goal_id is not None and await ctx["runtime"].store.expire_if_late(goal_id):
@@ -392,9 +374,9 @@ async def run_workers(
             else:
                 await asyncio.wait([*mains, stopper], return_when=asyncio.FIRST_COMPLETED)
             await _shutdown(workers, mains, [*side, stopper], settings.shutdown_grace)
-            await redis.delete(*(runtime.keys.health_check(r) for r in roles))
+            await fleet.clear_health_checks(redis, runtime.keys, roles)
             if not burst:
-                await health.deregister(redis, runtime.keys, roles, instance)
+                await fleet.deregister(redis, runtime.keys, roles, instance)
             for task in mains:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
