@@ -19,6 +19,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 # Token usage is the model port's own type: one definition for the wire, the ledger and results.
 from llm.types import Usage
 
+from .stops import TaskStop
+
 # Task ids appear in Redis keys, job ids and tool-call idempotency keys: keep them plain.
 TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 GOAL_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -172,18 +174,6 @@ class TaskRecord(_Model):
     updated_at: datetime = Field(default_factory=utcnow)
 
 
-TaskStopReason = Literal[
-    "answered",
-    "max_steps",
-    "deadline",
-    "budget_exhausted",
-    "loop_detected",
-    "max_tokens",
-    "refusal",
-    "cancelled",
-    "error",
-]
-
 
 class TaskResult(_Model):
     """What one attempt of a task produced."""
@@ -192,7 +182,7 @@ class TaskResult(_Model):
     task_id: TaskId
     attempt: int = Field(ge=1)
     answer: str = ""
-    stop_reason: TaskStopReason
+    stop_reason: TaskStop  # why the attempt stopped (bus.stops)
     steps: int = Field(default=0, ge=0)
     tool_calls: int = Field(default=0, ge=0)
     usage: Usage = Field(default_factory=Usage)

@@ -21,6 +21,7 @@ from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
 from bus.runtime import Runtime
 from bus.schemas import GOAL_TERMINAL, Event, GoalState, TaskResult, TaskState
+from bus.stops import TaskStop
 from bus.store import IllegalTransition, NotFound, StaleWrite
 from llm.toolselect import select_tools
 from llm.types import ToolUseBlock
@@ -251,10 +252,10 @@ async def _finish(rt: Runtime, store: AttemptStore, result: TaskResult) -> None:
     await store.save_result(result)
     gid, tid, attempt = result.goal_id, result.task_id, result.attempt
     log.info("execute.result", stop_reason=result.stop_reason, steps=result.steps, tool_calls=result.tool_calls)
-    if result.stop_reason == "cancelled":
+    if result.stop_reason == TaskStop.CANCELLED:
         await store.finish()
         return
-    if result.stop_reason == "budget_exhausted":
+    if result.stop_reason == TaskStop.BUDGET_EXHAUSTED:
         with contextlib.suppress(IllegalTransition, StaleWrite):
             await rt.store.transition_task(
                 gid, tid, TaskState.FAILED, expected_attempt=attempt, reason="budget_exhausted"

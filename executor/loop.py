@@ -19,7 +19,8 @@ from bus.effects import RESULT_LIMIT, EffectRecord, EffectState, SideEffects
 from bus.ledger import BudgetExhausted
 from bus.observe import observe
 from bus.runtime import Limits
-from bus.schemas import GoalRecord, TaskResult, TaskSpec, TaskStopReason
+from bus.schemas import GoalRecord, TaskResult, TaskSpec
+from bus.stops import TaskStop
 from llm.estimate import estimate_input_tokens
 from llm.port import ModelPort
 from llm.types import Message, ModelRequest, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock, Usage
@@ -171,7 +172,7 @@ class Loop:
         # Side-effecting calls, once per task across attempts (bus.effects); None: per attempt only.
         self.effects = effects
 
-    def _result(self, reason: TaskStopReason, state: policy.LoopState, usage: Usage, answer: str = "") -> TaskResult:
+    def _result(self, reason: TaskStop, state: policy.LoopState, usage: Usage, answer: str = "") -> TaskResult:
         return TaskResult(
             goal_id=self.task.goal.id,
             task_id=self.task.spec.id,
@@ -220,7 +221,7 @@ class Loop:
                     response = await self.model.complete(self._request(messages))
                 except BudgetExhausted as exc:
                     log.warning("task.budget_exhausted", detail=str(exc))
-                    return self._result("budget_exhausted", state, usage)
+                    return self._result(TaskStop.BUDGET_EXHAUSTED, state, usage)
                 # A model error is not the attempt's failure: it escapes to the job layer, which
                 # re-runs this job later (the attempt continues at this very step) or, past the
                 # goal's provider patience or for a terminal error, fails the goal (bus.retry).
@@ -243,7 +244,7 @@ class Loop:
         messages: list[Message],
         state: policy.LoopState,
         requires_tools: bool,
-    ) -> tuple[TaskStopReason, str] | None:
+    ) -> tuple[TaskStop, str] | None:
         """Apply one model reply; store the step. Returns (stop reason, answer) when the attempt ends."""
         # An empty turn (possible at max_tokens) still needs a block to be a valid message.
         empty = Message(role="assistant", content=[TextBlock(text="...")])
@@ -252,15 +253,15 @@ class Loop:
         reply: Message | None = None
         outcomes: list[ToolOutcome] = []
         notes: list[str] = []
-        end: tuple[TaskStopReason, str] | None = None
+        end: tuple[TaskStop, str] | None = None
         if action == "answer":
-            end = ("answered", response.text)
+            end = (TaskStop.ANSWERED, response.text)
         elif action == "stop_max_tokens":
-            end = ("max_tokens", response.text)
+            end = (TaskStop.MAX_TOKENS, response.text)
         elif action == "stop_refusal":
-            end = ("refusal", response.text)
+            end = (TaskStop.REFUSAL, response.text)
         elif action == "stop_context":
-            end = ("error", "the conversation no longer fits the model's context window")
+            end = (TaskStop.ERROR, "the conversation no longer fits the model's context window")
         elif action == "nudge_brevity":
             reply, notes = Message.user(policy.BREVITY_NUDGE), ["brevity"]
         elif action == "nudge_use_tools":
@@ -272,9 +273,9 @@ class Loop:
             results = [ToolResultBlock(tool_use_id=o.call_id, content=o.content, is_error=o.is_error) for o in outcomes]
             reply = policy.reply_message(results)
             if loop_stop:
-                end = ("loop_detected", "")
+                end = (TaskStop.LOOP_DETECTED, "")
             elif any(o.outcome == "cancelled" for o in outcomes):
-                end = ("cancelled", "")
+                end = (TaskStop.CANCELLED, "")
         # action == "continue" (pause_turn): the turn goes back as is, no reply.
         step = StepRecord(
             index=state.steps,

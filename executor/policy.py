@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bus.stops import TaskStop
 from llm.types import ContentBlock, Message, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock
 
 BREVITY_NUDGE = "Your reply was cut off at the token limit. Answer again, much more briefly."
@@ -30,17 +31,16 @@ class LoopState:
     notes: set[str] = field(default_factory=set)  # nudges already given: "brevity", "use_tools", "repeat"
 
 
-Stop = Literal["max_steps", "deadline", "cancelled"]
-
-
-def stop_before_call(state: LoopState, max_steps: int, elapsed: float, timeout: float, cancelled: bool) -> Stop | None:
+def stop_before_call(
+    state: LoopState, max_steps: int, elapsed: float, timeout: float, cancelled: bool
+) -> TaskStop | None:
     """Checked before every model call."""
     if cancelled:
-        return "cancelled"
+        return TaskStop.CANCELLED
     if elapsed >= timeout:
-        return "deadline"
+        return TaskStop.DEADLINE
     if state.steps >= max_steps:
-        return "max_steps"
+        return TaskStop.MAX_STEPS
     return None
 
 

@@ -18,7 +18,7 @@ from bus.keys import Keys
 from bus.ledger import Ledger
 from bus.metered import ModelFactory
 from bus.runtime import Limits, Runtime
-from bus.schemas import Event, Goal, GoalRecord, GoalState, Plan, TaskResult, TaskState, TaskStopReason
+from bus.schemas import Event, Goal, GoalRecord, GoalState, Plan, TaskResult, TaskState
 from critic.handlers import review, review_goal
 from llm import DemoModel
 from llm.anthropic import AnthropicModel
@@ -71,7 +71,7 @@ async def in_review(
     answer: str = "ANSWER: 42",
     *,
     attempt: int = 1,
-    stop: TaskStopReason = "answered",
+    stop: str = "answered",
     tool_calls: int = 1,
     first_attempt: int | None = None,
 ) -> None:
