@@ -342,7 +342,7 @@ async def test_long_histories_are_condensed_before_the_call(
 ) -> None:
     """Past the token threshold, older observations are cut to stubs; the newest stay whole."""
     env = await start_task(redis, keys, settings, model, ["big"], tool_output_limit=9000)
-    env.rt = replace(env.rt, limits=replace(env.rt.limits, compact_after_tokens=3000))
+    env.rt = replace(env.rt, limits=env.rt.limits.model_copy(update={"compact_after_tokens": 3000}))
     fake.enqueue(*(tool_reply([("big", {"n": i})]) for i in range(8)), text_reply("done"))
     assert (await run(env)).answer == "done"
     last = fake.message_requests[8].messages
