@@ -27,6 +27,7 @@ from bus.schemas import Event, Goal, GoalRecord, GoalState
 from bus.store import IllegalTransition, NotFound
 from executor.registry import ToolLoadError
 from llm.errors import ModelConfigError
+from llm.forced import validation_problems
 
 from .logs import configure_logging
 from .metrics import MetricsError
@@ -86,11 +87,7 @@ def _with_client(fn: Callable[[Client], Awaitable[T]]) -> T:
 
 
 def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for e in exc.errors(include_url=False):
-        field = ".".join(str(p) for p in e["loc"]) or "input"
-        parts.append(f"{field}: {e['msg']}")
-    return "invalid goal: " + "; ".join(parts)
+    return "invalid goal: " + "; ".join(validation_problems(exc))
 
 
 def _print_json(obj: Any) -> None:
