@@ -15,7 +15,7 @@ also asks for the refund deadline (`DEADLINE_DOD`). Otherwise the plan is a sing
 required inputs it can fill (order id from "order A101" in the prompt, a date from the prompt) in one
 turn (parallel tool_use). Once results are there, or when no tool can be called, it answers with text
 quoting the tool results (or, for a summary, the prompt's lines that mention order ids), stop reason
-`end_turn`. It writes `Refund deadline: ...` only when the prompt carries the critic's `FEEDBACK`.
+`stop`. It writes `Refund deadline: ...` only when the prompt carries the critic's `FEEDBACK`.
 
 **Critic** (`tool_choice` forces `submit_verdict`): rejects (action `retry`, feedback `FEEDBACK`) when
 the prompt holds `DEADLINE_DOD` but no `Refund deadline:` answer and no earlier `FEEDBACK`; accepts
@@ -246,7 +246,7 @@ def _execute(request: ModelRequest) -> tuple[list[ContentBlock], StopReason]:
             if args is not None:
                 calls.append(ToolUseBlock(id=_tool_use_id(request, tool.name, args), name=tool.name, input=args))
         if calls:
-            return calls, "tool_use"
+            return calls, "tool_call"
 
     if results:
         names = {
@@ -274,7 +274,7 @@ def _execute(request: ModelRequest) -> tuple[list[ContentBlock], StopReason]:
         else:
             first = next((line.strip() for line in text.splitlines() if line.strip()), "")
             answer = f"Done: {first[:500]}"
-    return [TextBlock(text=answer)], "end_turn"
+    return [TextBlock(text=answer)], "stop"
 
 
 # -- any other forced tool --------------------------------------------------------------------
@@ -343,7 +343,7 @@ class DemoModel:
             else:
                 args = _placeholder_input(next(t for t in request.tools if t.name == forced))
             content = [ToolUseBlock(id=_tool_use_id(request, forced, args), name=forced, input=args)]
-            stop_reason = "tool_use"
+            stop_reason = "tool_call"
         else:
             content, stop_reason = _execute(request)
 
@@ -352,7 +352,7 @@ class DemoModel:
             # What a real model does at the limit: the text is cut and an unfinished tool call is lost.
             text = "".join(b.text for b in content if isinstance(b, TextBlock))
             content = [TextBlock(text=text.encode()[: request.max_tokens * 4].decode("utf-8", "ignore"))]
-            stop_reason = "max_tokens"
+            stop_reason = "length"
             output = request.max_tokens
         usage = Usage(input_tokens=estimate_input_tokens(request), output_tokens=output)
         return ModelResponse(content=content, stop_reason=stop_reason, usage=usage, request_id=None, model=self.model)

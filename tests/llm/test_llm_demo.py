@@ -41,7 +41,7 @@ def _plan_request(prompt: str) -> ModelRequest:
 
 def _plan(prompt: str) -> dict[str, Any]:
     response = DemoModel().respond(_plan_request(prompt))
-    assert response.stop_reason == "tool_use" and response.tool_uses[0].name == "submit_plan"
+    assert response.stop_reason == "tool_call" and response.tool_uses[0].name == "submit_plan"
     return response.tool_uses[0].input
 
 
@@ -81,9 +81,9 @@ def _run_task(model: DemoModel, instructions: str) -> str:
     request = _executor_request(instructions)
     for _ in range(4):
         response = model.respond(request)
-        if response.stop_reason == "end_turn":
+        if response.stop_reason == "stop":
             return response.text
-        assert response.stop_reason == "tool_use"
+        assert response.stop_reason == "tool_call"
         results = []
         for call in response.tool_uses:
             content = ORDERS[call.input["order_id"]] if call.name == "lookup_order" else POLICY_TEXT
@@ -97,7 +97,7 @@ def test_executor_calls_both_tools_in_one_turn_then_answers() -> None:
     """First turn: lookup_order(order from the task) and refund_policy in parallel; then an end_turn answer."""
     model = DemoModel()
     first = model.respond(_executor_request(f"Goal: {GOAL}\nTask: Look up order A101 and check the policy."))
-    assert first.stop_reason == "tool_use"
+    assert first.stop_reason == "tool_call"
     assert [(c.name, c.input) for c in first.tool_uses] == [
         ("lookup_order", {"order_id": "A101"}),
         ("refund_policy", {}),
@@ -142,7 +142,7 @@ def test_summary_task_answers_without_tools() -> None:
         messages=[Message.user("Summarize.\nOrder A100: refundable\nOrder A107: cancelled")], max_tokens=500
     )
     response = DemoModel().respond(request)
-    assert response.stop_reason == "end_turn"
+    assert response.stop_reason == "stop"
     assert "Order A100: refundable" in response.text and "Order A107: cancelled" in response.text
 
 
@@ -161,7 +161,7 @@ def test_max_tokens_truncates() -> None:
     response = DemoModel().respond(
         _executor_request("Summarize A100 " + "x" * 400).model_copy(update={"tools": [], "max_tokens": 5})
     )
-    assert response.stop_reason == "max_tokens" and response.usage.output_tokens == 5
+    assert response.stop_reason == "length" and response.usage.output_tokens == 5
 
 
 async def test_complete_waits_the_simulated_latency() -> None:
