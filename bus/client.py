@@ -7,7 +7,6 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -213,14 +212,6 @@ class Client:
             ExecuteJob(goal_id=goal_id, task_id=req.task_id, attempt=req.attempt, resume=int(time.time() * 1000))
         )
         return True
-
-    async def reconcile(self, older_than: float) -> int:
-        """Re-enqueue the planner job of goals still `submitted` after `older_than` seconds."""
-        cutoff = datetime.now(UTC) - timedelta(seconds=older_than)
-        n = 0
-        for gid in await self.store.submitted_before(cutoff):
-            n += await self.jobs.enqueue(PlanJob(goal_id=gid))
-        return n
 
     @staticmethod
     def _check_id(goal_id: str) -> None:

@@ -86,7 +86,9 @@ class Keys:
         return f"{self.prefix}goals"
 
     def submitted_index(self) -> str:
-        """Sorted set of goals not yet picked up by a planner, by submission time (reconciler)."""
+        """Sorted set of goals not yet picked up by a planner, by submission time. Still kept up to
+        date by the store's scripts, but read by nothing since the supervisor (planner.supervise)
+        replaced the reconciler; kept so that the data layout stays as it was."""
         return f"{self.prefix}goals:submitted"
 
     def active_index(self) -> str:

@@ -133,6 +133,10 @@ class Plan(_Model):
     tasks: list[TaskSpec] = Field(min_length=1, max_length=200)
     rationale: str = Field(default="", max_length=5_000, description="why this decomposition")
 
+    def task(self, task_id: str) -> TaskSpec | None:
+        """The spec of one task of this plan (None when the plan has no such task)."""
+        return next((t for t in self.tasks if t.id == task_id), None)
+
 
 class StoredPlan(_Model):
     goal_id: GoalId

@@ -267,8 +267,8 @@ class Loop:
         elif action == "nudge_use_tools":
             reply, notes = Message.user(policy.USE_TOOLS_NUDGE), ["use_tools"]
         elif action == "tools":
-            outcomes, loop_stop = await self._run_tools(response.tool_uses, pending, state)
-            if "repeat" in state.notes and any(o.content.startswith("ERROR: you already called") for o in outcomes):
+            outcomes, loop_stop, repeated = await self._run_tools(response.tool_uses, pending, state)
+            if "repeat" in state.notes and repeated:
                 notes = ["repeat"]
             results = [ToolResultBlock(tool_use_id=o.call_id, content=o.content, is_error=o.is_error) for o in outcomes]
             reply = policy.reply_message(results)
@@ -276,7 +276,7 @@ class Loop:
                 end = (TaskStop.LOOP_DETECTED, "")
             elif any(o.outcome == "cancelled" for o in outcomes):
                 end = (TaskStop.CANCELLED, "")
-        # action == "continue" (pause_turn): the turn goes back as is, no reply.
+        # action == "continue" (pause): the turn goes back as is, no reply.
         step = StepRecord(
             index=state.steps,
             assistant=assistant,
@@ -296,16 +296,19 @@ class Loop:
 
     async def _run_tools(
         self, calls: list[ToolUseBlock], pending: Pending, state: policy.LoopState
-    ) -> tuple[list[ToolOutcome], bool]:
+    ) -> tuple[list[ToolOutcome], bool, bool]:
         """Answer every call of the turn, in order. Read-only calls run concurrently, the others one
-        after another. Returns the outcomes and whether a repeated call means the loop must stop."""
+        after another. Returns the outcomes, whether a repeated call means the loop must stop, and
+        whether any call of the turn was a repeat (answered with `policy.REPEAT_ERROR`)."""
         done: dict[str, ToolOutcome] = dict(pending.results)
-        loop_stop = False
+        loop_stop = repeated = False
         to_run: list[tuple[ToolUseBlock, CatalogTool, Any]] = []
         for call in calls:
             d = digest(call.input)
             repeat = policy.check_repeat(state, call.name, d, self.limits.loop_window)
             state.recent_calls.append((call.name, d))
+            # The repeat check is deterministic, so a call answered before a crash was a repeat then too.
+            repeated = repeated or repeat != "ok"
             if call.id in done:
                 continue  # answered before a crash
             if repeat != "ok":
@@ -371,7 +374,7 @@ class Loop:
             for call in calls:
                 done.setdefault(call.id, error_outcome(call, "cancelled", "the task was cancelled while this call ran"))
         state.tool_calls += len(calls)  # every call the model made counts, failed ones included
-        return [done[c.id] for c in calls], loop_stop
+        return [done[c.id] for c in calls], loop_stop, repeated
 
     async def _run_cancellable(self, work: Awaitable[None]) -> bool:
         """Run `work`, polling for cancellation meanwhile. False if the task was cancelled."""

@@ -245,14 +245,8 @@ async def _dispatch(rt: Runtime, rec: TaskRecord) -> None:
 async def _accepted_results(
     rt: Runtime, goal_id: str, current: Plan, records: dict[str, TaskRecord]
 ) -> dict[str, TaskResult]:
-    out: dict[str, TaskResult] = {}
-    for spec in current.tasks:
-        rec = records.get(spec.id)
-        if rec is not None and rec.state is TaskState.DONE and rec.attempt >= 1:
-            result = await rt.store.get_result(goal_id, spec.id, rec.attempt)
-            if result is not None:
-                out[spec.id] = result
-    return out
+    results = await rt.store.latest_results(goal_id, [t.id for t in current.tasks], records, done_only=True)
+    return {tid: result for tid, result in results.items() if result is not None}
 
 
 async def _move_goal(

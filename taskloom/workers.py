@@ -74,22 +74,7 @@ def handlers_for(role: str, tools: ToolCatalog, stopping: Callable[[], bool] | N
 
 
 def limits_for(settings: Settings) -> Limits:
-    return Limits(
-        max_steps=settings.max_steps,
-        task_timeout=settings.task_timeout,
-        model_max_tokens=settings.model_max_tokens,
-        max_task_retries=settings.max_task_retries,
-        max_replans=settings.max_replans,
-        max_plan_tasks=settings.max_plan_tasks,
-        max_plan_attempts=settings.max_plan_attempts,
-        tool_output_limit=settings.tool_output_limit,
-        tool_timeout=settings.tool_timeout,
-        lease_ttl=settings.lease_ttl,
-        compact_after_tokens=settings.compact_after_tokens,
-        dependency_result_limit=settings.dependency_result_limit,
-        loop_window=settings.loop_window,
-        tool_select_limit=settings.tool_select_limit,
-    )
+    return Limits.of(settings)
 
 
 def load_tools(settings: Settings, with_mcp: bool = True) -> Catalog:
@@ -262,7 +247,6 @@ def build_runtime(
         keys_for(settings),
         settings.events_maxlen,
         models=ModelFactory(model, ledger, TroubleClock(redis, keys_for(settings))),
-        ledger=ledger,
         limits=limits_for(settings),
         tool_catalog=tuple(registry.definitions()) if isinstance(registry, ToolRegistry) else (),
         tools=registry if isinstance(registry, Catalog) else None,
@@ -285,7 +269,7 @@ def build_workers(
             **worker_settings(role, settings, registry, stopping),
             redis_pool=redis,
             burst=burst,
-            ctx={"runtime": runtime, "role": role, "settings": settings},
+            ctx={"runtime": runtime, "role": role},
             wake_key=runtime.keys.wake(role) if settings.wake else None,
             job_lease=settings.lease_ttl,
         )

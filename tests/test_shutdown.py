@@ -171,7 +171,7 @@ async def test_a_job_cancelled_at_the_end_of_the_grace_releases_its_lease_at_onc
         fake.respond_with(_script)
         model = AnthropicModel("claude-test", api_key="sk-ant-test", base_url=fake.base_url)
         ledger = Ledger(redis, keys)
-        rt = Runtime.build(redis, keys, models=ModelFactory(model, ledger), ledger=ledger, limits=Limits(lease_ttl=60))
+        rt = Runtime.build(redis, keys, models=ModelFactory(model, ledger), limits=Limits(lease_ttl=60))
         client = Client(redis, keys, default_budget_tokens=100_000)
         gid = await _ready_task(client)
         stopping = asyncio.Event()
