@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import structlog
 
 from bus.schemas import Verdict
-from llm.forced import FormSpec, ask_forced
+from llm.forced import FormOutcome, FormSpec, ask_forced
 from llm.port import ModelPort
 from llm.types import Message, ModelRequest, ModelResponse
 
@@ -30,18 +28,12 @@ VERDICT_FORM = FormSpec(
 )
 
 
-@dataclass(frozen=True)
-class VerdictOutcome:
-    verdict: Verdict | None
-    problems: list[str]
-
-
 async def ask_for_verdict(
     model: ModelPort, *, system: str, prompt: str, max_tokens: int, metadata: dict[str, str]
-) -> VerdictOutcome:
+) -> FormOutcome[Verdict]:
     """The verdict the model submits (`llm.forced`), after at most one correction; raises what the
     model raises."""
-    out = await ask_forced(
+    return await ask_forced(
         model,
         VERDICT_FORM,
         system=system,
@@ -51,7 +43,6 @@ async def ask_for_verdict(
         metadata=metadata,
         logger=log,
     )
-    return VerdictOutcome(verdict=out.value, problems=out.problems)
 
 
 async def write_answer(

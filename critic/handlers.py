@@ -78,9 +78,9 @@ async def _judge(
     )
     if outcome is None:
         return None
-    if outcome.verdict is None:
+    if outcome.value is None:
         return unusable_verdict("; ".join(outcome.problems)), False
-    return outcome.verdict, False
+    return outcome.value, False
 
 
 async def _apply(rt: Runtime, goal: GoalRecord, task: TaskRecord, verdict: Verdict, action: Action) -> bool:
@@ -180,7 +180,7 @@ async def review_goal(rt: Runtime, job: ReviewGoalJob) -> None:
     )
     if outcome is None:
         return
-    verdict = outcome.verdict or unusable_verdict("; ".join(outcome.problems))
+    verdict = outcome.value or unusable_verdict("; ".join(outcome.problems))
     await _conclude(rt, goal, answer, verdict)
 
 

@@ -113,7 +113,8 @@ async def execute(
     heartbeat = asyncio.create_task(_heartbeat(store, rt.limits.lease_ttl))
     clock, outcome = time.perf_counter(), "failed"  # for metrics: how this run of the loop ended
     try:
-        outcome = await _run_loop(rt, job, goal, task, tools, store, heartbeat, stopping)
+        loop = await _make_loop(rt, job, goal, task, tools, store, stopping)
+        outcome = await _run_loop(rt, job, loop, store, heartbeat)
     except LeaseLost as exc:
         outcome = "lease_lost"
         log.warning("execute.lease_lost", detail=str(exc))
@@ -211,17 +212,9 @@ async def _make_loop(
 
 
 async def _run_loop(
-    rt: Runtime,
-    job: ExecuteJob,
-    goal: GoalRecord,
-    task: TaskRecord,
-    tools: ToolCatalog,
-    store: AttemptStore,
-    heartbeat: asyncio.Task[None],
-    stopping: Callable[[], bool] | None,
+    rt: Runtime, job: ExecuteJob, loop: Loop, store: AttemptStore, heartbeat: asyncio.Task[None]
 ) -> str:
     """Run the loop under the lease and act on how it ended; returns that outcome (for metrics)."""
-    loop = await _make_loop(rt, job, goal, task, tools, store, stopping)
     log.info("execute.start", epoch=store.epoch, resumed_steps=len(await store.steps()))
     try:
         result = await loop.run()

@@ -317,52 +317,14 @@ class Loop:
                 message = policy.REPEAT_ERROR.format(tool=call.name).removeprefix("ERROR: ")
                 done[call.id] = await self._record(call, error_outcome(call, "error", message), state)
                 continue
-            checked = self.gateway.validate(call)
-            if isinstance(checked, ToolOutcome):
-                done[call.id] = await self._record(call, checked, state)
-                continue
-            tool, args = checked
-            if tool.side_effects and call.id in pending.started:
-                # It started before a crash and has no result: running it again could do it twice.
-                done[call.id] = await self._record(
-                    call,
-                    error_outcome(
-                        call,
-                        "unknown_outcome",
-                        f"the outcome of this {call.name} call is unknown: the worker stopped while it ran, "
-                        "and it has side effects, so it was not run again. Check its effect before retrying.",
-                    ),
-                    state,
-                )
-                continue
-            if tool.requires_approval:
-                decision = await self.approvals.decision(call.id)
-                if decision is None:
-                    await self.approvals.request(call, self._ctx(call, state))
-                    raise Paused(call)
-                if not decision.approved:
-                    why = decision.reason or "no reason given"
-                    denied = error_outcome(call, "denied", f"denied by an operator: {why}")
-                    done[call.id] = await self._record(call, denied, state)
-                    continue
-            to_run.append((call, tool, args))
+            gated = await self._gate(call, pending, state)
+            if isinstance(gated, ToolOutcome):
+                done[call.id] = await self._record(call, gated, state)
+            else:
+                to_run.append((call, *gated))
 
         async def run_one(call: ToolUseBlock, tool: CatalogTool, args: Any) -> None:
-            record = self._effect(call)
-            if tool.side_effects:
-                await self.store.mark_started(call.id)
-                if self.effects is not None and not tool.idempotent:
-                    earlier = await self.effects.begin(self.task.goal.id, self.task.spec.id, record)
-                    if earlier is not None:
-                        log.warning("tool.side_effect_not_repeated", tool=call.name, earlier_attempt=earlier.attempt)
-                        done[call.id] = await self._record(call, replayed(call, earlier), state)
-                        return
-            outcome = await self.gateway.invoke(call, tool, args, self._ctx(call, state))
-            if tool.side_effects and self.effects is not None:
-                kept, st = outcome.full[:RESULT_LIMIT], _EFFECT_STATE.get(outcome.outcome, "failed")
-                ended = record.model_copy(update={"state": st, "result": kept})
-                await self.effects.finish(self.task.goal.id, self.task.spec.id, ended)
-            done[call.id] = await self._record(call, outcome, state)
+            done[call.id] = await self._run_one(call, tool, args, state)
 
         async def run_all() -> None:
             await asyncio.gather(*(run_one(*x) for x in to_run if x[1].read_only))
@@ -375,6 +337,50 @@ class Loop:
                 done.setdefault(call.id, error_outcome(call, "cancelled", "the task was cancelled while this call ran"))
         state.tool_calls += len(calls)  # every call the model made counts, failed ones included
         return [done[c.id] for c in calls], loop_stop, repeated
+
+    async def _gate(
+        self, call: ToolUseBlock, pending: Pending, state: policy.LoopState
+    ) -> ToolOutcome | tuple[CatalogTool, Any]:
+        """The checks before a call runs: the tool and its arguments (validated), or the outcome
+        it gets instead of running. Raises `Paused` when it awaits a person's approval."""
+        checked = self.gateway.validate(call)
+        if isinstance(checked, ToolOutcome):
+            return checked
+        tool, _ = checked
+        if tool.side_effects and call.id in pending.started:
+            # It started before a crash and has no result: running it again could do it twice.
+            return error_outcome(
+                call,
+                "unknown_outcome",
+                f"the outcome of this {call.name} call is unknown: the worker stopped while it ran, "
+                "and it has side effects, so it was not run again. Check its effect before retrying.",
+            )
+        if tool.requires_approval:
+            decision = await self.approvals.decision(call.id)
+            if decision is None:
+                await self.approvals.request(call, self._ctx(call, state))
+                raise Paused(call)
+            if not decision.approved:
+                why = decision.reason or "no reason given"
+                return error_outcome(call, "denied", f"denied by an operator: {why}")
+        return checked
+
+    async def _run_one(self, call: ToolUseBlock, tool: CatalogTool, args: Any, state: policy.LoopState) -> ToolOutcome:
+        """Run one checked call (a side-effecting one at most once per task, `bus.effects`); record it."""
+        record = self._effect(call)
+        if tool.side_effects:
+            await self.store.mark_started(call.id)
+            if self.effects is not None and not tool.idempotent:
+                earlier = await self.effects.begin(self.task.goal.id, self.task.spec.id, record)
+                if earlier is not None:
+                    log.warning("tool.side_effect_not_repeated", tool=call.name, earlier_attempt=earlier.attempt)
+                    return await self._record(call, replayed(call, earlier), state)
+        outcome = await self.gateway.invoke(call, tool, args, self._ctx(call, state))
+        if tool.side_effects and self.effects is not None:
+            kept, st = outcome.full[:RESULT_LIMIT], _EFFECT_STATE.get(outcome.outcome, "failed")
+            ended = record.model_copy(update={"state": st, "result": kept})
+            await self.effects.finish(self.task.goal.id, self.task.spec.id, ended)
+        return await self._record(call, outcome, state)
 
     async def _run_cancellable(self, work: Awaitable[None]) -> bool:
         """Run `work`, polling for cancellation meanwhile. False if the task was cancelled."""

@@ -8,12 +8,11 @@ The protocol (docs/internals.md, "The model protocol", and `llm.forced`): the pl
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import structlog
 
 from bus.schemas import Plan, json_schema
-from llm.forced import FormSpec, ask_forced
+from llm.forced import FormOutcome, FormSpec, ask_forced
 from llm.port import ModelPort
 from llm.types import ModelResponse, ToolDef
 
@@ -41,15 +40,6 @@ PLAN_FORM = FormSpec(
 )
 
 
-@dataclass(frozen=True)
-class PlanOutcome:
-    """A valid plan, or (plan None) the problems of the last attempt."""
-
-    plan: Plan | None
-    problems: list[str]
-    attempts: int
-
-
 async def ask_for_plan(
     model: ModelPort,
     *,
@@ -59,10 +49,10 @@ async def ask_for_plan(
     attempts: int,
     max_tokens: int,
     metadata: dict[str, str],
-) -> PlanOutcome:
+) -> FormOutcome[Plan]:
     """Run the conversation (`llm.forced`) until a plan passes `validate` or `attempts` replies were
     refused. Raises what the model raises (`ModelError`, or the ledger's `BudgetExhausted`)."""
-    out = await ask_forced(
+    return await ask_forced(
         model,
         PLAN_FORM,
         system=system,
@@ -73,4 +63,3 @@ async def ask_for_plan(
         check=validate,
         logger=log,
     )
-    return PlanOutcome(plan=out.value, problems=out.problems, attempts=out.attempts)

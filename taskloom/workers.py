@@ -21,7 +21,7 @@ import contextlib
 import functools
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import structlog
@@ -311,71 +311,109 @@ async def run_workers(
     """Run the workers of `roles` in this process until `stop` is set, a signal arrives, or (burst) the queues drain."""
     stop = stop or asyncio.Event()
     owned = False
+    metrics_server = None
+    previous_observer: Observer | None = None
+    with _signals_set(stop):
+        try:
+            catalog = load_tools(settings, with_mcp=bool({"planner", "executor"} & set(roles)))
+            owned = model is None
+            model = model or make_inner_model(settings)
+            if settings.metrics_port is not None and not burst:
+                metrics_server = metrics.serve(settings.metrics_port, settings.metrics_addr)
+                previous_observer = install(metrics.PrometheusObserver())
+            async with catalog, connect(settings.redis_url, settings.home) as redis:
+                # Every source is listed once now: a tool name collision stops start-up, naming both.
+                await catalog.start()
+                await _run_fleet(roles, settings, redis, model, catalog, burst, stop, metrics_server)
+        finally:
+            if metrics_server is not None:
+                metrics_server.close()
+            if previous_observer is not None:
+                install(previous_observer)
+            close = getattr(model, "aclose", None) if owned else None
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
+
+
+@contextlib.contextmanager
+def _signals_set(stop: asyncio.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set `stop` while in the block (where the event loop allows handlers)."""
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
-    metrics_server = None
-    previous_observer: Observer | None = None
     try:
-        catalog = load_tools(settings, with_mcp=bool({"planner", "executor"} & set(roles)))
-        owned = model is None
-        model = model or make_inner_model(settings)
-        if settings.metrics_port is not None and not burst:
-            metrics_server = metrics.serve(settings.metrics_port, settings.metrics_addr)
-            previous_observer = install(metrics.PrometheusObserver())
-        async with catalog, connect(settings.redis_url, settings.home) as redis:
-            # Every source is listed once now: a tool name collision stops start-up, naming both.
-            await catalog.start()
-            # The executors' handlers read `stop` to hand their attempts over between steps.
-            runtime, workers = build_workers(roles, settings, redis, model, catalog, burst, stop.is_set)
-            instance = health.instance_id()
-            log.info(
-                "worker.started",
-                roles=list(roles),
-                poll_delay=settings.poll_delay,
-                embedded=settings.embedded,
-                instance=instance,
-                metrics_port=metrics_server.port if metrics_server else None,
-            )
-            mains = [asyncio.create_task(w.main(), name=f"arq-{r}") for w, r in zip(workers, roles, strict=True)]
-            side = []
-            if not burst and "planner" in roles:
-                side.append(asyncio.create_task(_supervise_forever(runtime, settings)))
-            if not burst and "executor" in roles:
-                side.append(asyncio.create_task(_recover_forever(runtime)))
-            if not burst:
-                beat = health.heartbeat_forever(redis, runtime.keys, roles, instance, settings.heartbeat_ttl)
-                side.append(asyncio.create_task(beat))
-            if metrics_server is not None:
-                depths = metrics.refresh_queue_depth_forever(redis, runtime.keys, settings.metrics_interval)
-                side.append(asyncio.create_task(depths))
-            stopper = asyncio.create_task(stop.wait())
-            if burst:
-                await asyncio.wait(mains, return_when=asyncio.ALL_COMPLETED)
-            else:
-                await asyncio.wait([*mains, stopper], return_when=asyncio.FIRST_COMPLETED)
-            await _shutdown(workers, mains, [*side, stopper], settings.shutdown_grace)
-            await fleet.clear_health_checks(redis, runtime.keys, roles)
-            if not burst:
-                await fleet.deregister(redis, runtime.keys, roles, instance)
-            for task in mains:
-                if task.done() and not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-            log.info("worker.stopped", roles=list(roles), jobs_complete=sum(w.jobs_complete for w in workers))
+        yield
     finally:
-        if metrics_server is not None:
-            metrics_server.close()
-        if previous_observer is not None:
-            install(previous_observer)
         for sig in installed:
             loop.remove_signal_handler(sig)
-        close = getattr(model, "aclose", None) if owned else None
-        if close is not None:
-            with contextlib.suppress(Exception):
-                await close()
+
+
+async def _run_fleet(
+    roles: Sequence[str],
+    settings: Settings,
+    redis: ArqRedis,
+    model: ModelPort,
+    catalog: Catalog,
+    burst: bool,
+    stop: asyncio.Event,
+    metrics_server: metrics.MetricsServer | None,
+) -> None:
+    """Run the role workers and their background tasks until stopped, then shut them down."""
+    # The executors' handlers read `stop` to hand their attempts over between steps.
+    runtime, workers = build_workers(roles, settings, redis, model, catalog, burst, stop.is_set)
+    instance = health.instance_id()
+    log.info(
+        "worker.started",
+        roles=list(roles),
+        poll_delay=settings.poll_delay,
+        embedded=settings.embedded,
+        instance=instance,
+        metrics_port=metrics_server.port if metrics_server else None,
+    )
+    mains = [asyncio.create_task(w.main(), name=f"arq-{r}") for w, r in zip(workers, roles, strict=True)]
+    side = _background(runtime, settings, redis, roles, instance, burst, with_metrics=metrics_server is not None)
+    stopper = asyncio.create_task(stop.wait())
+    if burst:
+        await asyncio.wait(mains, return_when=asyncio.ALL_COMPLETED)
+    else:
+        await asyncio.wait([*mains, stopper], return_when=asyncio.FIRST_COMPLETED)
+    await _shutdown(workers, mains, [*side, stopper], settings.shutdown_grace)
+    await fleet.clear_health_checks(redis, runtime.keys, roles)
+    if not burst:
+        await fleet.deregister(redis, runtime.keys, roles, instance)
+    for task in mains:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+    log.info("worker.stopped", roles=list(roles), jobs_complete=sum(w.jobs_complete for w in workers))
+
+
+def _background(
+    runtime: Runtime,
+    settings: Settings,
+    redis: ArqRedis,
+    roles: Sequence[str],
+    instance: str,
+    burst: bool,
+    *,
+    with_metrics: bool,
+) -> list[asyncio.Task[Any]]:
+    """The process's periodic tasks: supervisor (planner), watchdog (executor), heartbeat, metrics."""
+    side: list[asyncio.Task[Any]] = []
+    if not burst and "planner" in roles:
+        side.append(asyncio.create_task(_supervise_forever(runtime, settings)))
+    if not burst and "executor" in roles:
+        side.append(asyncio.create_task(_recover_forever(runtime)))
+    if not burst:
+        beat = health.heartbeat_forever(redis, runtime.keys, roles, instance, settings.heartbeat_ttl)
+        side.append(asyncio.create_task(beat))
+    if with_metrics:
+        depths = metrics.refresh_queue_depth_forever(redis, runtime.keys, settings.metrics_interval)
+        side.append(asyncio.create_task(depths))
+    return side
 
 
 async def _shutdown(
