@@ -4,7 +4,10 @@ It does not reason. Every answer is a pure function of the request, built from f
 string matching, so that `taskloom demo` runs with no key and no network, identically in every
 process (the planner, executors and critic each hold their own instance). Its rules:
 
-**Planner** (`tool_choice` forces `submit_plan`): order ids are the `[A-Z]` + 3-or-more-digit words
+It knows no role's tool names: a forced tool is told apart by the fields its input schema requires
+(a `tasks` list: the planner's plan; `passed` and `action`: the critic's verdict).
+
+**Planner** (`tool_choice` forces a plan tool): order ids are the `[A-Z]` + 3-or-more-digit words
 (`A100`) in the user messages. When known support-desk tools (`lookup_order`, `refund_policy`,
 `check_refund_eligibility`) are offered, by tool definition or by name in the prompt, and ids are found,
 the plan has one task per id (`check-a100`, ...; no dependencies, so they run in parallel) using those
@@ -17,7 +20,7 @@ turn (parallel tool_use). Once results are there, or when no tool can be called,
 quoting the tool results (or, for a summary, the prompt's lines that mention order ids), stop reason
 `stop`. It writes `Refund deadline: ...` only when the prompt carries the critic's `FEEDBACK`.
 
-**Critic** (`tool_choice` forces `submit_verdict`): rejects (action `retry`, feedback `FEEDBACK`) when
+**Critic** (`tool_choice` forces a verdict tool): rejects (action `retry`, feedback `FEEDBACK`) when
 the prompt holds `DEADLINE_DOD` but no `Refund deadline:` answer and no earlier `FEEDBACK`; accepts
 otherwise. So the first order's task is retried exactly once, showing the retry path.
 
@@ -48,8 +51,6 @@ from llm.types import (
     Usage,
 )
 
-PLAN_TOOL = "submit_plan"
-VERDICT_TOOL = "submit_verdict"
 KNOWN_TOOLS = ("lookup_order", "refund_policy", "check_refund_eligibility")
 DEADLINE_DOD = "and states the refund deadline explicitly"
 FEEDBACK = "Say the last day on which a refund can be requested (the refund deadline)."
@@ -59,6 +60,17 @@ _ORDER_ID = re.compile(r"\b[A-Z]\d{3,}\b")
 _TASK_ORDER = re.compile(r"\border\s+([A-Z]\d{3,})\b", re.IGNORECASE)
 _DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 _DAYS = re.compile(r"\b(\d{1,3})\s*(?:-\s*)?days?\b|\"\w*days\w*\"\s*:\s*(\d{1,3})", re.IGNORECASE)
+
+
+def _form(tool: ToolDef) -> str:
+    """Which role's form a forced tool is, by the fields its input schema requires (the demo knows
+    no role's tool names): `plan` (a `tasks` list), `verdict` (`passed` and `action`), else `other`."""
+    required = set(tool.input_schema.get("required", []))
+    if "tasks" in required:
+        return "plan"
+    if {"passed", "action"} <= required:
+        return "verdict"
+    return "other"
 
 
 def _user_text(request: ModelRequest) -> str:
@@ -240,8 +252,8 @@ def _execute(request: ModelRequest) -> tuple[list[ContentBlock], StopReason]:
     if not results:
         calls: list[ContentBlock] = []
         for tool in request.tools:
-            if tool.name in (PLAN_TOOL, VERDICT_TOOL):
-                continue
+            if _form(tool) != "other":
+                continue  # a role's form is never an executor's tool
             args = _fill_inputs(tool, order_id, text)
             if args is not None:
                 calls.append(ToolUseBlock(id=_tool_use_id(request, tool.name, args), name=tool.name, input=args))
@@ -336,12 +348,14 @@ class DemoModel:
         content: list[ContentBlock]
         stop_reason: StopReason
         if forced is not None:
-            if forced == PLAN_TOOL:
+            tool = next(t for t in request.tools if t.name == forced)
+            kind = _form(tool)
+            if kind == "plan":
                 args = _plan(request)
-            elif forced == VERDICT_TOOL:
+            elif kind == "verdict":
                 args = _verdict(request)
             else:
-                args = _placeholder_input(next(t for t in request.tools if t.name == forced))
+                args = _placeholder_input(tool)
             content = [ToolUseBlock(id=_tool_use_id(request, forced, args), name=forced, input=args)]
             stop_reason = "tool_call"
         else:

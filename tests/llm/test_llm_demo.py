@@ -14,8 +14,9 @@ from llm.demo import DEADLINE_DOD, DEADLINE_MARK, FEEDBACK
 from llm.testing import FakeAnthropicServer, responder_from_model
 
 GOAL = "Can orders A100, A101 and A107 be refunded? Today is 2026-10-13."
-PLAN = ToolDef(name="submit_plan", input_schema={"type": "object"})
-VERDICT = ToolDef(name="submit_verdict", input_schema={"type": "object"})
+# The demo tells the roles' forms apart by the fields they require, not by their names.
+PLAN = ToolDef(name="submit_plan", input_schema={"type": "object", "required": ["tasks"]})
+VERDICT = ToolDef(name="submit_verdict", input_schema={"type": "object", "required": ["passed", "action"]})
 LOOKUP = ToolDef(
     name="lookup_order",
     input_schema={"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
@@ -201,3 +202,17 @@ def test_demo_refund_decision_is_fixed_arithmetic(record: dict[str, object], tod
     line = _refund_decision("A1", results, f"Goal: ... Today is {today}.")
     assert line is not None and expect in line
     assert _refund_decision("A1", results, "no date here") is None
+
+
+def test_demo_knows_the_forms_by_their_fields_not_their_names() -> None:
+    """A plan form under another name still gets a plan; a form with neither shape gets placeholders."""
+    renamed = ToolDef(name="make_plan", input_schema=PLAN.input_schema)
+    request = ModelRequest(
+        messages=[Message.user("Answer: what is 2+2?")], tools=[renamed], tool_choice=ToolChoice.force("make_plan"),
+        max_tokens=4000,
+    )
+    assert [t["id"] for t in DemoModel().respond(request).tool_uses[0].input["tasks"]] == ["answer"]
+    schema = {"type": "object", "required": ["note"], "properties": {"note": {"type": "string"}}}
+    other = ToolDef(name="submit_plan", input_schema=schema)
+    request = request.model_copy(update={"tools": [other], "tool_choice": ToolChoice.force("submit_plan")})
+    assert "tasks" not in DemoModel().respond(request).tool_uses[0].input
