@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from arq.connections import ArqRedis
+from helpers import store_result
 
 from bus.jobs import AdvanceJob, ExecuteJob, JobPayload, ReplanJob, ReviewGoalJob, ReviewJob
 from bus.keys import Keys
@@ -81,7 +82,7 @@ async def in_review(
     result = TaskResult(
         goal_id="g1", task_id=tid, attempt=attempt, answer=answer, stop_reason=stop, tool_calls=tool_calls
     )
-    await rt.store.save_result(result)
+    await store_result(rt.redis, rt.keys, result)
     await rt.store.transition_task("g1", tid, TaskState.REVIEWING, expected_attempt=attempt)
 
 
