@@ -168,10 +168,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-lease_member = Keys.lease_member
-parse_member = Keys.parse_lease_member
-
-
 class AttemptStore:
     """Checkpoints of one task attempt, written under its lease."""
 
@@ -282,7 +278,7 @@ async def claim_expired(redis: Redis, keys: Keys, limit: int, hold_for: float) -
     for raw in members:
         member = raw.decode() if isinstance(raw, bytes) else str(raw)
         if await script(keys=[keys.leases()], args=[member, now, now + int(hold_for * 1000)]):
-            claimed.append(parse_member(member))
+            claimed.append(keys.parse_lease_member(member))
     return claimed
 
 

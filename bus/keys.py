@@ -127,7 +127,8 @@ class Keys:
         return f"{self.prefix}ledger:expiry"
 
     def pool(self, name: str) -> str:
-        """A parent budget pool (per tenant, per day) that goals draw from."""
+        """A parent budget pool (per tenant, per day) that goals draw from; the ledger's scripts derive
+        the same key as `pool_prefix() .. name`."""
         return f"{self.pool_prefix()}{name}"
 
     def pool_prefix(self) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from arq.connections import ArqRedis
 from helpers import TASKLOOM, eventually, fake_model_env
 
-from bus.attempts import AttemptStore, lease_member
+from bus.attempts import AttemptStore
 from bus.client import Client
 from bus.jobs import ExecuteJob
 from bus.keys import Keys
@@ -193,7 +193,7 @@ async def test_a_job_cancelled_at_the_end_of_the_grace_releases_its_lease_at_onc
 
     assert int(await redis.hget(lease, "expires_ms")) == 0
     assert int(await redis.hget(lease, "epoch")) == epoch + 1  # the old holder is fenced off
-    score = await redis.zscore(keys.leases(), lease_member(gid, "t1", 1))
+    score = await redis.zscore(keys.leases(), keys.lease_member(gid, "t1", 1))
     assert score is not None and score <= time.time() * 1000  # expired: any watchdog resumes it now
     assert "end 1" not in (tmp_path / "tool.txt").read_text()  # the tool was stopped with its job
     resumed = AttemptStore(redis, keys, gid, "t1", 1)
