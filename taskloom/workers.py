@@ -39,7 +39,16 @@ from bus.keys import ROLES, Keys
 from bus.ledger import Ledger, PriceTable
 from bus.metered import ModelFactory
 from bus.observe import Observer, install, observe
-from bus.retry import GiveUp, RetryPolicy, TroubleClock, describe, is_redis_trouble, on_model_error, on_other_error
+from bus.retry import (
+    GiveUp,
+    RetryPolicy,
+    TroubleClock,
+    count_job_error,
+    describe,
+    is_redis_trouble,
+    on_model_error,
+    on_other_error,
+)
 from bus.runtime import Limits, Runtime
 from bus.schemas import Event, GoalState
 from bus.store import IllegalTransition, NotFound
@@ -182,10 +191,7 @@ async def _after_failure(rt: Runtime, role: str, name: str, payload: JobPayload,
     else:
         cause = "redis" if is_redis_trouble(exc) else "internal"
         if cause == "internal":
-            # Counted apart from arq's try number, which also counts provider retries and crash re-runs.
-            key = rt.keys.job_errors(rt.jobs.job_id(payload))
-            tries = int(await rt.redis.incr(key))
-            await rt.redis.expire(key, 24 * 3600)
+            tries = await count_job_error(rt.redis, rt.keys, rt.jobs.job_id(payload))
         decision = on_other_error(exc, tries, policy)
         detail = f"{type(exc).__name__}: {exc}"
     if isinstance(decision, GiveUp):
