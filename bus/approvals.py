@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from redis.asyncio import Redis
 
+from .events import CorruptRecord, first_error
 from .keys import Keys
 
 _APPROVED = "approved"
@@ -77,15 +78,13 @@ class ApprovalBook:
         await self.redis.hset(self.keys.approval_requests(goal_id), call_id, body)  # type: ignore[misc]
 
     async def requests(self, goal_id: str) -> dict[str, ApprovalRequest]:
-        """Open requests by call id (a malformed entry is skipped: it can never be decided)."""
-        raw = await self.redis.hgetall(self.keys.approval_requests(goal_id))  # type: ignore[misc]
-        out: dict[str, ApprovalRequest] = {}
-        for k, v in raw.items():
-            try:
-                out[_s(k)] = ApprovalRequest.model_validate_json(v)
-            except ValidationError:
-                continue
-        return out
+        """Open requests by call id; raises `CorruptRecord` naming the key if one cannot be read."""
+        key = self.keys.approval_requests(goal_id)
+        raw = await self.redis.hgetall(key)  # type: ignore[misc]
+        try:
+            return {_s(k): ApprovalRequest.model_validate_json(v) for k, v in raw.items()}
+        except ValidationError as exc:
+            raise CorruptRecord("approval request", key, first_error(exc)) from None
 
     async def decision(self, goal_id: str, call_id: str) -> ApprovalDecision | None:
         raw = await self.redis.hget(self.keys.approvals(goal_id), call_id)  # type: ignore[misc]

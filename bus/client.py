@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import time
 import uuid
@@ -113,7 +114,12 @@ class Client:
         return GoalStatus(goal=goal, plan=plan, tasks=list(tasks.values()))
 
     async def wait(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
-        """Block until the goal ends (succeeded, failed, cancelled, budget_exhausted)."""
+        """Block until the goal ends (succeeded, failed, cancelled, budget_exhausted).
+
+        Raises `WaitTimeout` after `timeout` seconds; `ValueError` for a timeout that is negative or
+        not finite (it would wait forever, or not at all, without saying so)."""
+        if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
+            raise ValueError(f"timeout: expected a finite number of seconds >= 0, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         after: str | None = None
         while True:
@@ -132,7 +138,11 @@ class Client:
             await self.log.read(goal_id, after=after, count=100, block_ms=block)
 
     async def events(self, goal_id: str, after: str | None = None, follow: bool = True) -> AsyncIterator[Event]:
-        """The goal's events after position `after`; with `follow`, keeps going until the goal ends."""
+        """The goal's events after position `after`; with `follow`, keeps going until the goal ends.
+
+        `after` is a position from an earlier event (`Event.position`); anything else raises `ValueError`."""
+        if after is not None and not re.fullmatch(r"\d+(-\d+)?", after):
+            raise ValueError(f"after: expected an event position like 1718000000000-0, got {after!r}")
         await self.get(goal_id)
         if not follow:
             for event in await self.log.read(goal_id, after=after):
@@ -187,6 +197,12 @@ class Client:
         await self.get(goal_id)
         return {k: r.model_dump(mode="json") for k, r in (await self.approval_book.requests(goal_id)).items()}
 
+    async def decision(self, goal_id: str, call_id: str) -> str | None:
+        """The decision recorded for a tool call in its stored form (`ApprovalDecision.encode`:
+        "approved" or "denied:<reason>"), or None if undecided."""
+        decision = await self.approval_book.decision(goal_id, call_id)
+        return None if decision is None else decision.encode()
+
     async def decide(self, goal_id: str, call_id: str, approved: bool, reason: str = "") -> bool:
         """Approve or deny a tool call awaiting approval, and resume its task.
 
@@ -196,6 +212,8 @@ class Client:
         await self.get(goal_id)
         req = (await self.approval_book.requests(goal_id)).get(call_id)
         if req is None:
+            if await self.approval_book.decision(goal_id, call_id) is not None:
+                return False  # decided before (the request is removed once decided)
             raise NotFound("approval request", f"{goal_id}/{call_id}")
         if not await self.approval_book.decide(goal_id, call_id, ApprovalDecision(approved=approved, reason=reason)):
             return False
