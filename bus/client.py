@@ -15,7 +15,7 @@ from arq.connections import ArqRedis
 from arq.constants import result_key_prefix
 from pydantic import BaseModel, ConfigDict
 
-from .approvals import ApprovalBook, ApprovalDecision
+from .approvals import AlreadyDecided, ApprovalBook, ApprovalDecision, PendingApproval
 from .connection import connect
 from .events import EventLog
 from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
@@ -46,6 +46,10 @@ class GoalStatus(BaseModel):
     tasks: list[TaskRecord]
 
 
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def new_goal_id() -> str:
     return uuid.uuid4().hex
 
@@ -59,7 +63,7 @@ class Client:
         self.log = EventLog(redis, keys, events_maxlen)
         self.jobs = Jobs(redis, keys)
         self.ledger = Ledger(redis, keys)
-        self.approval_book = ApprovalBook(redis, keys)
+        self.approval_book = ApprovalBook(redis, keys, events_maxlen)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -195,39 +199,48 @@ class Client:
     async def approvals(self, goal_id: str) -> dict[str, dict[str, Any]]:
         """Tool calls of this goal waiting for a person's decision, by call id."""
         await self.get(goal_id)
-        return {k: r.model_dump(mode="json") for k, r in (await self.approval_book.requests(goal_id)).items()}
+        return await self.approval_book.requests(goal_id)
 
     async def decision(self, goal_id: str, call_id: str) -> str | None:
-        """The decision recorded for a tool call in its stored form (`ApprovalDecision.encode`:
-        "approved" or "denied:<reason>"), or None if undecided."""
-        decision = await self.approval_book.decision(goal_id, call_id)
-        return None if decision is None else decision.encode()
+        """The decision recorded for a tool call: "approved", "denied:<reason>", or None if undecided."""
+        return await self.approval_book.decision(goal_id, call_id)
 
-    async def decide(self, goal_id: str, call_id: str, approved: bool, reason: str = "") -> bool:
+    async def pending_approvals(self, limit: int = 100, goal_id: str | None = None) -> list[PendingApproval]:
+        """Tool calls waiting for a decision across every goal that has not ended, oldest first."""
+        return await self.approval_book.pending(limit, goal_id)
+
+    async def decide(self, goal_id: str, call_id: str, approved: bool, reason: str = "", by: str | None = None) -> bool:
         """Approve or deny a tool call awaiting approval, and resume its task.
 
-        The first decision wins (a second one returns False and changes nothing). A denial reaches
-        the model as an `ERROR` observation carrying `reason`.
+        The first decision wins: a later one raises `AlreadyDecided` (a `NotFound`: the request is
+        gone), or returns False if two decisions race, and changes nothing. A denial reaches
+        the model as an `ERROR` observation carrying `reason`. `by` (who decided: an API token's
+        name, a user) is recorded in the `tool.approval_decided` audit event.
         """
-        await self.get(goal_id)
-        req = (await self.approval_book.requests(goal_id)).get(call_id)
+        self._check_id(goal_id)
+        requests = await self.approval_book.requests(goal_id)
+        req = requests.get(call_id)
         if req is None:
-            if await self.approval_book.decision(goal_id, call_id) is not None:
-                return False  # decided before (the request is removed once decided)
+            await self.get(goal_id)  # an unknown goal is named as such
+            decided = await self.approval_book.decision(goal_id, call_id)
+            if decided is not None:
+                raise AlreadyDecided(goal_id, call_id, decided)
             raise NotFound("approval request", f"{goal_id}/{call_id}")
-        if not await self.approval_book.decide(goal_id, call_id, ApprovalDecision(approved=approved, reason=reason)):
-            return False
-        await self.log.emit(
-            Event(
-                type="tool.approval_decided",
-                goal_id=goal_id,
-                task_id=req.task_id,
-                data={"call_id": call_id, "approved": approved, "reason": reason},
-            )
+        decision = ApprovalDecision(approved=approved, reason=reason).encode()
+        event = Event(
+            type="tool.approval_decided",
+            goal_id=goal_id,
+            task_id=req["task_id"],
+            data={"call_id": call_id, "approved": approved, "reason": reason, "by": by},
         )
+        outcome = await self.approval_book.decide(goal_id, call_id, decision, event)
+        if outcome == "decided":
+            return False
+        if outcome == "missing":
+            raise NotFound("approval request", f"{goal_id}/{call_id}")
         # A new job id per decision: the attempt resumes from its stored steps.
         await self.jobs.enqueue(
-            ExecuteJob(goal_id=goal_id, task_id=req.task_id, attempt=req.attempt, resume=int(time.time() * 1000))
+            ExecuteJob(goal_id=goal_id, task_id=req["task_id"], attempt=req["attempt"], resume=int(time.time() * 1000))
         )
         return True
 

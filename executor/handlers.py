@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import structlog
 
-from bus.approvals import ApprovalBook, ApprovalDecision, ApprovalRequest
+from bus.approvals import ApprovalBook, ApprovalDecision
 from bus.attempts import AttemptStore, LeaseLost, claim_expired, drop_lease, now_ms
 from bus.effects import SideEffects
 from bus.jobs import ExecuteJob, ReviewJob
@@ -40,24 +40,21 @@ HOLDER = f"{socket.gethostname()}:{os.getpid()}"
 
 class RedisApprovals(Approvals):
     def __init__(self, rt: Runtime, goal_id: str) -> None:
-        self.rt = rt
+        self.book = ApprovalBook(rt.redis, rt.keys, rt.events.maxlen)
         self.goal_id = goal_id
-        self.book = ApprovalBook(rt.redis, rt.keys)
 
     async def decision(self, call_id: str) -> ApprovalDecision | None:
-        return await self.book.decision(self.goal_id, call_id)
+        return await self.book.decided(self.goal_id, call_id)
 
     async def request(self, call: ToolUseBlock, ctx: ToolContext) -> None:
-        request = ApprovalRequest(task_id=ctx.task_id, attempt=ctx.attempt, tool=call.name, input=call.input)
-        await self.book.request(self.goal_id, call.id, request)
-        await self.rt.events.emit(
-            Event(
-                type="tool.approval_requested",
-                goal_id=self.goal_id,
-                task_id=ctx.task_id,
-                data={"call_id": call.id, "tool": call.name, "args_digest": digest(call.input)},
-            )
+        event = Event(
+            type="tool.approval_requested",
+            goal_id=self.goal_id,
+            task_id=ctx.task_id,
+            data={"call_id": call.id, "tool": call.name, "args_digest": digest(call.input)},
         )
+        # One script: the request, the cross-goal inbox entry and the event (only the first time).
+        await self.book.request(self.goal_id, call.id, ctx.task_id, ctx.attempt, call.name, dict(call.input), event)
 
 
 async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback: str | None) -> TaskInput:

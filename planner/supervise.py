@@ -95,7 +95,7 @@ async def _drivers(rt: Runtime, goal_id: str, tasks: Mapping[str, TaskRecord]) -
     held = await leased(rt.redis, rt.keys, goal_id, {t: tasks[t].attempt for t in running})
     waiting: set[str] = set()
     if any(rec.state is TaskState.WAITING_APPROVAL for rec in tasks.values()):
-        waiting = {req.task_id for req in (await ApprovalBook(rt.redis, rt.keys).requests(goal_id)).values()}
+        waiting = await ApprovalBook(rt.redis, rt.keys).waiting_tasks(goal_id)
     return Drivers(jobs, frozenset(held), frozenset(waiting), last_replan)
 
 
