@@ -12,6 +12,7 @@ import pytest
 import toolkits_for_tests as tk
 from arq.connections import ArqRedis
 
+from bus.approvals import AlreadyDecided
 from bus.attempts import AttemptStore, LeaseLost
 from bus.client import Client
 from bus.jobs import ExecuteJob, ReviewJob
@@ -242,8 +243,9 @@ async def test_approval_pauses_the_task_and_a_denial_reaches_the_model(
     (call_id,) = pending
     assert pending[call_id]["tool"] == "wipe" and pending[call_id]["input"] == {"target": "prod"}
     assert await env.client.decide(env.goal_id, call_id, approved=False, reason="not on a Friday")
-    # decided already: nothing changes, the denial stands and can be read back
-    assert not await env.client.decide(env.goal_id, call_id, approved=True)
+    # decided already: nothing changes (AlreadyDecided names it), the denial stands and can be read back
+    with pytest.raises(AlreadyDecided):
+        await env.client.decide(env.goal_id, call_id, approved=True)
     assert await env.client.decision(env.goal_id, call_id) == "denied:not on a Friday"
     with pytest.raises(NotFound):  # a call that never asked for approval
         await env.client.decide(env.goal_id, "toolu_never_asked", approved=True)
