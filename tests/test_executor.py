@@ -13,6 +13,7 @@ import toolkits_for_tests as tk
 from arq.connections import ArqRedis
 
 from bus.approvals import AlreadyDecided
+from bus.attempts import AttemptStore, LeaseLost
 from bus.client import Client
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.keys import Keys
@@ -21,7 +22,6 @@ from bus.schemas import GoalState, Plan, TaskResult, TaskSpec, TaskState
 from bus.store import NotFound
 from executor.handlers import execute
 from executor.registry import ToolRegistry
-from executor.steps import AttemptStore, LeaseLost
 from llm.anthropic import AnthropicModel
 from llm.testing import FakeAnthropicServer, RecordedRequest, text_reply, tool_reply
 from llm.types import ModelResponse, ToolUseBlock, Usage
@@ -347,7 +347,7 @@ async def test_long_histories_are_condensed_before_the_call(
 ) -> None:
     """Past the token threshold, older observations are cut to stubs; the newest stay whole."""
     env = await start_task(redis, keys, settings, model, ["big"], tool_output_limit=9000)
-    env.rt = replace(env.rt, limits=replace(env.rt.limits, compact_after_tokens=3000))
+    env.rt = replace(env.rt, limits=env.rt.limits.model_copy(update={"compact_after_tokens": 3000}))
     fake.enqueue(*(tool_reply([("big", {"n": i})]) for i in range(8)), text_reply("done"))
     assert (await run(env)).answer == "done"
     last = fake.message_requests[8].messages
