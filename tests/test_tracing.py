@@ -11,6 +11,7 @@ import typing
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from arq.connections import ArqRedis
 from helpers import run_cli
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -34,7 +35,7 @@ from llm.errors import RetryableModelError
 from llm.port import ModelPort
 from llm.testing import FakeAnthropicServer, server_error, text_reply
 from llm.types import Message, ModelRequest, ModelResponse, ToolUseBlock
-from taskloom.logs import configure_logging, get_logger
+from taskloom.logs import configure_logging
 from taskloom.testing import DemoModel, run_goal
 
 SECRET_PROMPT = "Refund order A100 for Jane Q. Customer, card 4111?"
@@ -114,7 +115,7 @@ async def test_model_span_has_genai_attributes_and_ledger_events(
     assert attrs["gen_ai.usage.cache_creation.input_tokens"] == usage.cache_write_tokens > 0
     assert "gen_ai.usage.cache_read.input_tokens" in attrs
     assert "gen_ai.usage.cache_creation.input_tokens" in attrs
-    assert list(attrs["gen_ai.response.finish_reasons"]) == ["end_turn"]  # type: ignore[arg-type]
+    assert list(attrs["gen_ai.response.finish_reasons"]) == ["stop"]  # the conventions' neutral names  # type: ignore[arg-type]
     assert attrs["taskloom.request_id"] == server.requests[0].request_id
     events = {e.name: dict(e.attributes or {}) for e in span.events}
     books = await model.ledger.snapshot("g1")
@@ -239,7 +240,7 @@ def test_log_lines_carry_the_trace_and_span_ids(spans: InMemorySpanExporter) -> 
     """A line logged inside a span names its trace_id and span_id; one outside names neither."""
     stream = io.StringIO()
     configure_logging("INFO", json=True, stream=stream)
-    log = get_logger("test")
+    log = structlog.stdlib.get_logger("test")
     with bt.span("work") as work:
         log.info("inside")
     log.info("outside")
