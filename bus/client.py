@@ -23,6 +23,7 @@ from .keys import Keys
 from .ledger import Ledger
 from .schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, StoredPlan, TaskRecord
 from .store import AlreadyExists, NotFound, Store
+from .tenants import Period, Tenants, TenantSettings, TenantView
 
 
 class WaitTimeout(TimeoutError):
@@ -63,6 +64,7 @@ class Client:
         self.log = EventLog(redis, keys, events_maxlen)
         self.jobs = Jobs(redis, keys)
         self.ledger = Ledger(redis, keys)
+        self.tenants = Tenants(redis, keys)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -95,7 +97,7 @@ class Client:
         gid = goal_id or new_goal_id()
         record = GoalRecord(id=gid, goal=goal, budget_tokens=goal.budget_tokens or self.default_budget_tokens)
         # The books first (idempotent), so that no goal ever exists without its budget.
-        await self.ledger.open(gid, record.budget_tokens)
+        await self.ledger.open(gid, record.budget_tokens, budget_usd=goal.budget_usd, tenant=goal.tenant)
         created = await self.store.create_goal(record, {"text": goal.text[:200]})
         if not created:
             existing = await self.store.get_goal(gid)
@@ -152,6 +154,32 @@ class Client:
                 for event in await self.log.read(goal_id, after=after):
                     yield event
                 return
+
+    # -- tenants (bus.tenants) -------------------------------------------------------------------
+    async def tenant_set(
+        self,
+        name: str,
+        *,
+        period: Period | None = None,
+        budget_tokens: int | None = None,
+        budget_usd: float | None = None,
+        max_running: int | None = None,
+    ) -> TenantSettings:
+        """Change a tenant's pool atomically (unset arguments keep their value; 0 = no limit)."""
+        return await self.tenants.set(
+            name, period=period, budget_tokens=budget_tokens, budget_usd=budget_usd, max_running=max_running
+        )
+
+    async def tenant_show(self, name: str) -> TenantView:
+        """The tenant's settings, running slots and spend per period, model and kind."""
+        return await self.tenants.show(name)
+
+    async def tenant_list(self) -> list[TenantView]:
+        return [await self.tenants.show(n, periods=1) for n in await self.tenants.names()]
+
+    async def tenant_reset(self, name: str) -> str:
+        """Start the tenant's current period afresh; returns the period pool's name."""
+        return await self.tenants.reset(name)
 
     async def cancel(self, goal_id: str, reason: str = "cancelled by request") -> bool:
         """Cancel a goal and its unfinished tasks. False if it was already cancelled.
