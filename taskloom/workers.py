@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import random
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,6 +44,7 @@ from bus.retry import GiveUp, RetryPolicy, TroubleClock, describe, is_redis_trou
 from bus.runtime import Limits, Runtime
 from bus.schemas import Event, GoalState
 from bus.store import IllegalTransition, NotFound
+from bus.tenants import TenantBusy
 from executor.demo_tools import support
 from executor.registry import ToolLoadError, ToolRegistry, load_toolkits
 from executor.sources.base import ToolSource
@@ -175,6 +177,12 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
                 if goal_id is not None and await ctx["runtime"].store.expire_if_late(goal_id):
                     log.warning("goal.deadline_passed", function=name)  # the handler then finds it ended
                 await handler(ctx["runtime"], payload)
+            except TenantBusy as busy:
+                # Not a failure: the tenant's running slots are all taken; try again shortly (jittered,
+                # so waiting jobs do not all come back at once).
+                outcome = "deferred"
+                log.info("job.deferred", function=name, reason=str(busy))
+                raise Retry(defer=busy.retry_in * random.uniform(0.5, 1.5)) from None
             except asyncio.CancelledError:
                 outcome = "cancelled"
                 log.warning("job.cancelled", function=name, seconds=round(time.perf_counter() - started, 4))
