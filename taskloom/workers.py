@@ -35,11 +35,13 @@ import critic.handlers as critic
 import executor.handlers as executor
 import planner.handlers as planner
 from bus.connection import connect
+from bus.events import EventLog
 from bus.jobs import JobPayload, parse_payload
 from bus.keys import ROLES, Keys
 from bus.ledger import Ledger, PriceTable
-from bus.metered import ModelFactory
+from bus.metered import Degrade, ModelFactory
 from bus.observe import Observer, install, observe
+from bus.ratelimit import RateLimiter
 from bus.retry import GiveUp, RetryPolicy, TroubleClock, describe, is_redis_trouble, on_model_error, on_other_error
 from bus.runtime import Limits, Runtime
 from bus.schemas import Event, GoalState
@@ -282,12 +284,28 @@ def build_runtime(
     settings: Settings, redis: ArqRedis, model: ModelPort, registry: ToolRegistry | Catalog
 ) -> Runtime:
     ledger = make_ledger(settings, redis)
+    keys = keys_for(settings)
+    limits = settings.all_rate_limits()
+    degrade = None
+    if settings.fallback_model is not None:
+        fallback = make_model(
+            settings.fallback_model, max_retries=settings.model_max_retries, timeout=settings.model_timeout
+        )
+        degrade = Degrade(fallback, settings.degrade_at)
+    factory = ModelFactory(
+        model,
+        ledger,
+        TroubleClock(redis, keys),
+        limiter=RateLimiter(redis, keys, limits) if limits else None,
+        events=EventLog(redis, keys, settings.events_maxlen),
+        degrade=degrade,
+    )
 
     return Runtime.build(
         redis,
-        keys_for(settings),
+        keys,
         settings.events_maxlen,
-        models=ModelFactory(model, ledger, TroubleClock(redis, keys_for(settings))),
+        models=factory,
         ledger=ledger,
         limits=limits_for(settings),
         tool_catalog=tuple(registry.definitions()) if isinstance(registry, ToolRegistry) else (),
