@@ -100,7 +100,12 @@ class BudgetExhausted(LedgerError):
     ) -> None:
         where = f"pool {pool!r} of goal {goal_id}" if pool else f"goal {goal_id}"
         headroom = budget - spent - reserved
-        if unit == "usd":
+        if unit == "unpriced":
+            msg = (
+                f"dollar budget of {where} cannot be kept: the model has no price "
+                "(add it to TASKLOOM_PRICES, USD per million tokens)"
+            )
+        elif unit == "usd":
             d = 1_000_000
             msg = (
                 f"dollar budget exhausted for {where}: budget ${budget / d:.6f}, spent ${spent / d:.6f}, "

@@ -109,7 +109,7 @@ async def test_dollar_budget_refuses_an_unpriced_model(ledger: Ledger) -> None:
     await ledger.open("g", 10_000, budget_usd=1)
     with pytest.raises(BudgetExhausted) as info:
         await ledger.reserve("g", 10, 10, model="nope")
-    assert info.value.unit == "unpriced"
+    assert info.value.unit == "unpriced" and "TASKLOOM_PRICES" in str(info.value)
 
 
 async def test_lowering_below_spent_refuses_and_keeps_the_books(ledger: Ledger, tenants: Tenants) -> None:

@@ -129,6 +129,7 @@ class FakeAnthropicServer:
         # Optional: rate limits enforced with 429s (and reported in anthropic-ratelimit-* headers).
         self._buckets = _Buckets(limits) if limits is not None else None
         self.throttled = 0  # 429s sent for rate limits
+        self.admitted: list[tuple[float, int, int]] = []  # (monotonic time, input, max_tokens) let through
         # Optional: attribute each billed reply to a key (a goal, say) for `billed_for`.
         self._bill_key = bill_key
         self._billed_by: dict[str, Usage] = {}
@@ -275,9 +276,12 @@ class FakeAnthropicServer:
         if self._buckets is None:
             return None, {}
         with self._lock:
-            wait = self._buckets.take(count_input_tokens(dict(body)), int(body.get("max_tokens") or 0))
+            input_tokens, max_tokens = count_input_tokens(dict(body)), int(body.get("max_tokens") or 0)
+            wait = self._buckets.take(input_tokens, max_tokens)
             if wait is not None:
                 self.throttled += 1
+            else:
+                self.admitted.append((time.monotonic(), input_tokens, max_tokens))
             return wait, self._buckets.headers()
 
     def _refund(self, max_tokens: int, output_tokens: int) -> None:
