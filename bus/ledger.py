@@ -11,7 +11,10 @@ does):
   `spent_input`, `spent_output`, `spent_cache_read`, `spent_cache_write`, `spent_unknown`
   (forfeited and expired reservations), `calls`, `cost_micro_usd`, `refusals`, `open`, `releases`,
   `forfeits`, `expired`, `overrun`, `unpriced`, and `pools` (the pool names, one a line);
-* pool books (per tenant, per day...), the same hash under `{prefix}pool:{name}`;
+* pool books (per tenant, per day...), the same hash under `{prefix}pool:{name}`; a goal opened
+  with a tenant also draws from the tenant's pool of the current period (`bus.tenants`);
+* dollars beside tokens in every book: `budget_micro` (0/absent = no dollar limit),
+  `reserved_micro` (worst-case cost held by open reservations) and `cost_micro_usd` (spent);
 * open reservations: one global hash id -> record (`goal key`, amount, forfeit cost, pool keys,
   one a line) and one global sorted set id -> expiry time. Global, so an expired reservation of a
   goal nobody touches any more is still swept by any reserve, and its pools get their headroom back.

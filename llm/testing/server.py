@@ -273,10 +273,11 @@ class FakeAnthropicServer:
 
     def _admit(self, body: Mapping[str, Any]) -> tuple[float | None, dict[str, str]]:
         """(retry-after if over a rate limit else None, the rate-limit headers to send)."""
-        if self._buckets is None:
-            return None, {}
         with self._lock:
             input_tokens, max_tokens = count_input_tokens(dict(body)), int(body.get("max_tokens") or 0)
+            if self._buckets is None:
+                self.admitted.append((time.monotonic(), input_tokens, max_tokens))
+                return None, {}
             wait = self._buckets.take(input_tokens, max_tokens)
             if wait is not None:
                 self.throttled += 1
