@@ -19,7 +19,7 @@ import redis.exceptions
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from bus.client import Client, GoalStatus, WaitTimeout
 from bus.connection import EmbeddedRedisError
@@ -416,7 +416,8 @@ def _print_tenant(view: TenantView, as_json: bool) -> None:
             f"({b.open} open)  {b.calls} calls  {b.refusals} refused  {p.resets} resets",
             highlight=False,
         )
-        table = Table("model", "input", "output", "cache read", "cache write", "unknown", "USD")
+        model_col = Column("model", no_wrap=True)  # the id is what people grep for: never wrapped
+        table = Table(model_col, "input", "output", "cache read", "cache write", "unknown", "USD")
         for m in p.models:
             table.add_row(
                 m.model,
