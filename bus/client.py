@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import time
 import uuid
@@ -17,7 +18,7 @@ from arq.constants import result_key_prefix
 from pydantic import BaseModel, ConfigDict
 
 from .connection import connect
-from .events import EventLog
+from .events import CorruptRecord, EventLog, first_error
 from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
 from .keys import Keys
 from .ledger import Ledger
@@ -119,7 +120,12 @@ class Client:
         return GoalStatus(goal=goal, plan=plan, tasks=list(tasks.values()))
 
     async def wait(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
-        """Block until the goal ends (succeeded, failed, cancelled, budget_exhausted)."""
+        """Block until the goal ends (succeeded, failed, cancelled, budget_exhausted).
+
+        Raises `WaitTimeout` after `timeout` seconds; `ValueError` for a timeout that is negative or
+        not finite (it would wait forever, or not at all, without saying so)."""
+        if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
+            raise ValueError(f"timeout: expected a finite number of seconds >= 0, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         after: str | None = None
         while True:
@@ -138,7 +144,11 @@ class Client:
             await self.log.read(goal_id, after=after, count=100, block_ms=block)
 
     async def events(self, goal_id: str, after: str | None = None, follow: bool = True) -> AsyncIterator[Event]:
-        """The goal's events after position `after`; with `follow`, keeps going until the goal ends."""
+        """The goal's events after position `after`; with `follow`, keeps going until the goal ends.
+
+        `after` is a position from an earlier event (`Event.position`); anything else raises `ValueError`."""
+        if after is not None and not re.fullmatch(r"\d+(-\d+)?", after):
+            raise ValueError(f"after: expected an event position like 1718000000000-0, got {after!r}")
         await self.get(goal_id)
         if not follow:
             for event in await self.log.read(goal_id, after=after):
@@ -217,8 +227,17 @@ class Client:
     async def approvals(self, goal_id: str) -> dict[str, dict[str, Any]]:
         """Tool calls of this goal waiting for a person's decision, by call id."""
         await self.get(goal_id)
-        raw = await self.redis.hgetall(self.keys.approval_requests(goal_id))  # type: ignore[misc]
-        return {_s(k): json.loads(v) for k, v in raw.items()}
+        key = self.keys.approval_requests(goal_id)
+        raw = await self.redis.hgetall(key)  # type: ignore[misc]
+        try:
+            return {_s(k): dict(json.loads(v)) for k, v in raw.items()}
+        except (ValueError, TypeError) as exc:
+            raise CorruptRecord("approval request", key, first_error(exc)) from None
+
+    async def decision(self, goal_id: str, call_id: str) -> str | None:
+        """The decision recorded for a tool call: "approved", "denied:<reason>", or None if undecided."""
+        raw = await self.redis.hget(self.keys.approvals(goal_id), call_id)  # type: ignore[misc]
+        return None if raw is None else _s(raw)
 
     async def decide(self, goal_id: str, call_id: str, approved: bool, reason: str = "") -> bool:
         """Approve or deny a tool call awaiting approval, and resume its task.
@@ -228,6 +247,8 @@ class Client:
         """
         requests = await self.approvals(goal_id)
         if call_id not in requests:
+            if await self.decision(goal_id, call_id) is not None:
+                return False  # decided before (the request is removed once decided)
             raise NotFound("approval request", f"{goal_id}/{call_id}")
         req = requests[call_id]
         decision = "approved" if approved else f"denied:{reason}"

@@ -168,6 +168,10 @@ class EmbeddedRedis:
             if self._ping():
                 return
             time.sleep(0.02)
+        # Never leave behind a server nobody can reach.
+        self._proc.kill()
+        self._proc.wait(timeout=10)
+        self._proc = None
         raise EmbeddedRedisError(f"redis-server did not answer on {self.socket}; see {self.logfile}")
 
     def _shutdown(self) -> None:
@@ -224,7 +228,17 @@ async def connect(url: str | None, home: Path) -> AsyncIterator[ArqRedis]:
     """
     embedded = EmbeddedRedis(home) if url is None else None
     if embedded is not None:
-        url = await asyncio.to_thread(embedded.acquire)
+        starting = asyncio.ensure_future(asyncio.to_thread(embedded.acquire))
+        try:
+            url = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # Cancelled (SIGTERM) while the thread was acquiring: let it finish, then release, or the
+            # server it may have started would be left running with nobody to stop it.
+            with contextlib.suppress(Exception):
+                await starting
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(embedded.release)
+            raise
     assert url is not None
     try:
         pool = await create_pool(redis_settings(url))

@@ -12,11 +12,41 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from .keys import Keys
 from .schemas import Event
 
 FIELD = "e"  # each stream entry holds one field: the event as JSON
+
+
+class CorruptRecord(Exception):
+    """A record in Redis cannot be read back (not JSON, or not the schema): the message names it and its key.
+
+    Raised instead of a parsing error so that callers can tell damaged data in Redis from bad input.
+    """
+
+    def __init__(self, what: str, key: str, detail: str) -> None:
+        super().__init__(f"corrupt {what} in Redis at key {key!r}: {detail[:300]}")
+        self.what = what
+        self.key = key
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.what, self.key, self.detail))
+
+
+def first_error(exc: Exception) -> str:
+    """One line saying what is wrong with a record: the first pydantic error, or the exception."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            e = errors()[0]
+            where = ".".join(str(p) for p in e["loc"])
+            return f"{where}: {e['msg']}" if where else str(e["msg"])
+        except Exception:
+            pass
+    return f"{type(exc).__name__}: {exc}"
 
 
 def encode(event: Event) -> str:
@@ -55,12 +85,20 @@ class EventLog:
         """
         key = self.keys.global_events() if goal_id is None else self.keys.goal_events(goal_id)
         start = after or "0-0"
-        if block_ms is None:
-            rows = await self.redis.xrange(key, min=f"({start}" if after else "-", count=count)
-        else:
-            reply = await self.redis.xread({key: start}, count=count, block=block_ms)
-            rows = reply[0][1] if reply else []
-        return [decode(pos, fields) for pos, fields in rows]
+        try:
+            if block_ms is None:
+                rows = await self.redis.xrange(key, min=f"({start}" if after else "-", count=count)
+            else:
+                reply = await self.redis.xread({key: start}, count=count, block=block_ms)
+                rows = reply[0][1] if reply else []
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise  # e.g. an invalid stream id: the caller's input, not the data
+            raise CorruptRecord("event stream", key, str(exc)) from None
+        try:
+            return [decode(pos, fields) for pos, fields in rows]
+        except (ValueError, TypeError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+            raise CorruptRecord("event", key, first_error(exc)) from None
 
     async def follow(self, goal_id: str | None, after: str | None = None, block_ms: int = 1000) -> AsyncIterator[Event]:
         """Every event after `after`, then new ones as they come, forever (cancel to stop)."""

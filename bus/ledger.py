@@ -41,9 +41,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from llm.types import Usage
 
+from .events import CorruptRecord, first_error
 from .keys import Keys
 from .store import NotFound
 
@@ -760,10 +762,14 @@ class Ledger:
 
     async def snapshot(self, goal_id: str) -> LedgerSnapshot:
         """The goal's books, after forfeiting expired reservations. `LedgerNotFound` if never opened."""
-        h = await self._read(self.keys.ledger(goal_id))
-        if "budget" not in h:
-            raise LedgerNotFound(goal_id)
-        return LedgerSnapshot.from_hash(goal_id, h)
+        key = self.keys.ledger(goal_id)
+        try:
+            h = await self._read(key)
+            if "budget" not in h:
+                raise LedgerNotFound(goal_id)
+            return LedgerSnapshot.from_hash(goal_id, h)
+        except (ResponseError, ValueError, TypeError) as exc:  # a field that is no number, a key of another type
+            raise CorruptRecord("ledger", key, first_error(exc)) from None
 
     async def pool_snapshot(self, name: str) -> LedgerSnapshot | None:
         """A pool's books (None if no goal has used it yet)."""

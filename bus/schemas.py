@@ -22,6 +22,8 @@ from llm.types import Usage
 # Task ids appear in Redis keys, job ids and tool-call idempotency keys: keep them plain.
 TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 GOAL_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+# The largest token budget of one goal (and of TASKLOOM_DEFAULT_BUDGET_TOKENS).
+MAX_BUDGET_TOKENS = 100_000_000
 
 # A goal's task hashes live at `<tasks key>:<task id>` beside its task-id set `<tasks key>:ids`, so a
 # task named `ids` would overwrite the set and silently vanish from the DAG.
@@ -58,7 +60,7 @@ class Goal(_Model):
     text: NonEmpty = Field(max_length=20_000, description="the goal, in natural language")
     definition_of_done: str = Field(default="", max_length=5_000, description="how to tell it is done")
     budget_tokens: int | None = Field(
-        default=None, gt=0, le=100_000_000, description="token budget; unset = the configured default"
+        default=None, gt=0, le=MAX_BUDGET_TOKENS, description="token budget; unset = the configured default"
     )
     budget_usd: float | None = Field(
         default=None, gt=0, le=1_000_000, description="dollar budget (cache-aware prices); unset = none"

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from . import events as ev
 from .keys import Keys
@@ -47,6 +48,13 @@ from .schemas import (
 
 class StoreError(Exception):
     """Base of the store's typed errors."""
+
+
+CorruptRecord = ev.CorruptRecord  # a record that does not parse: see `bus.events.CorruptRecord`
+
+
+def _corrupt(what: str, key: str, exc: Exception) -> CorruptRecord:
+    return CorruptRecord(what, key, ev.first_error(exc))
 
 
 class NotFound(StoreError):
@@ -322,24 +330,30 @@ class Store:
         return bool(created)
 
     async def get_goal(self, goal_id: str) -> GoalRecord:
-        raw = await self.redis.hgetall(self.keys.goal(goal_id))  # type: ignore[misc]
+        try:
+            raw = await self.redis.hgetall(self.keys.goal(goal_id))  # type: ignore[misc]
+        except ResponseError as exc:  # WRONGTYPE: the key holds something other than a goal hash
+            raise _corrupt("goal", self.keys.goal(goal_id), exc) from None
         if not raw:
             raise NotFound("goal", goal_id)
         h = {_s(k): _s(v) for k, v in raw.items()}
-        core = json.loads(h["record"])
-        return GoalRecord.model_validate(
-            {
-                **core,
-                "state": h["state"],
-                "plan_version": int(h.get("plan_version", 0)),
-                "replans": int(h.get("replans", 0)),
-                "resumes": int(h.get("resumes", 0)),
-                "budget_tokens": int(h.get("budget_tokens") or core["budget_tokens"]),
-                "answer": h.get("answer"),
-                "reason": h.get("reason"),
-                "updated_at": h.get("updated_at") or core["created_at"],
-            }
-        )
+        try:
+            core = json.loads(h["record"])
+            return GoalRecord.model_validate(
+                {
+                    **core,
+                    "state": h["state"],
+                    "plan_version": int(h.get("plan_version", 0)),
+                    "replans": int(h.get("replans", 0)),
+                    "resumes": int(h.get("resumes", 0)),
+                    "budget_tokens": int(h.get("budget_tokens") or core["budget_tokens"]),
+                    "answer": h.get("answer"),
+                    "reason": h.get("reason"),
+                    "updated_at": h.get("updated_at") or core["created_at"],
+                }
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise _corrupt("goal", self.keys.goal(goal_id), exc) from None
 
     async def transition_goal(
         self,
@@ -533,10 +547,16 @@ class Store:
     async def get_plan(self, goal_id: str, version: int | None = None) -> StoredPlan:
         if version is None:
             version = (await self.get_goal(goal_id)).plan_version
-        raw = await self.redis.get(self.keys.plan(goal_id, version)) if version else None
+        try:
+            raw = await self.redis.get(self.keys.plan(goal_id, version)) if version else None
+        except ResponseError as exc:
+            raise _corrupt("plan", self.keys.plan(goal_id, version), exc) from None
         if raw is None:
             raise NotFound("plan", f"{goal_id} v{version}")
-        return StoredPlan.model_validate_json(raw)
+        try:
+            return StoredPlan.model_validate_json(raw)
+        except ValueError as exc:
+            raise _corrupt("plan", self.keys.plan(goal_id, version), exc) from None
 
     # -- tasks --------------------------------------------------------------------------------
     async def get_task(self, goal_id: str, task_id: str) -> TaskRecord:
@@ -553,8 +573,14 @@ class Store:
             rows = await pipe.execute()
         return {tid: self._task_record(goal_id, tid, raw) for tid, raw in zip(ids, rows, strict=True) if raw}
 
+    def _task_record(self, goal_id: str, task_id: str, raw: dict[Any, Any]) -> TaskRecord:
+        try:
+            return self._parse_task(goal_id, task_id, raw)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise _corrupt("task", self._task_key(goal_id, task_id), exc) from None
+
     @staticmethod
-    def _task_record(goal_id: str, task_id: str, raw: dict[Any, Any]) -> TaskRecord:
+    def _parse_task(goal_id: str, task_id: str, raw: dict[Any, Any]) -> TaskRecord:
         h = {_s(k): _s(v) for k, v in raw.items()}
         return TaskRecord.model_validate(
             {
@@ -636,7 +662,12 @@ class Store:
 
     async def get_result(self, goal_id: str, task_id: str, attempt: int) -> TaskResult | None:
         raw = await self.redis.hget(self.keys.results(goal_id), f"{task_id}:{attempt}")  # type: ignore[misc]
-        return None if raw is None else TaskResult.model_validate_json(raw)
+        if raw is None:
+            return None
+        try:
+            return TaskResult.model_validate_json(raw)
+        except ValueError as exc:
+            raise _corrupt(f"result {task_id}:{attempt}", self.keys.results(goal_id), exc) from None
 
     # -- internals ----------------------------------------------------------------------------
     async def _run_transition(

@@ -78,7 +78,17 @@ def load_toolkit(path: str) -> Toolkit:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ToolLoadError(f"TASKLOOM_TOOLS: cannot import module {module_name!r}: {exc}") from exc
+        hint = " (is it on PYTHONPATH, or in the current directory?)" if exc.name == module_name else ""
+        raise ToolLoadError(f"TASKLOOM_TOOLS: cannot import module {module_name!r}: {exc}{hint}") from exc
+    except SyntaxError as exc:
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else module_name
+        raise ToolLoadError(f"TASKLOOM_TOOLS: module {module_name!r} has a syntax error at {where}: {exc.msg}") from exc
+    except Exception as exc:
+        # Whatever the module does at import time (a tool without type annotations raises
+        # ToolDefinitionError when it is decorated) is the toolkit's fault, not a taskloom crash.
+        raise ToolLoadError(
+            f"TASKLOOM_TOOLS: importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     try:
         obj = getattr(module, attr)
     except AttributeError:

@@ -16,8 +16,12 @@ call) a side-effecting tool can pass on downstream.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import inspect
 import re
+import threading
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,10 +77,37 @@ class Tool:
             kwargs[self.context_param] = ctx
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**kwargs)
-        import asyncio
-
         # A sync tool runs in a thread, so a slow one cannot stall the worker's event loop.
-        return await asyncio.to_thread(self.fn, **kwargs)
+        return await run_in_daemon_thread(self.fn, kwargs, name=f"tool-{self.name}")
+
+
+async def run_in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: str) -> Any:
+    """`fn(**kwargs)` in a new daemon thread, awaited without blocking the event loop.
+
+    Not `asyncio.to_thread`: its pool threads are joined when the loop closes and again at
+    interpreter exit, so one sync tool stuck past its timeout kept a worker alive long after its
+    shutdown grace. Python cannot kill a thread; a daemon thread is abandoned instead: the call's
+    await ends at the tool's timeout (the model sees a timeout error), the thread runs on in the
+    background until the function returns, and the process exits without waiting for it.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()  # log context (goal, task, ...) as to_thread would carry it
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            future.set_result(value) if ok else future.set_exception(value)
+
+    def target() -> None:
+        try:
+            ok, value = True, context.run(fn, **kwargs)
+        except BaseException as exc:
+            ok, value = False, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody awaits this any more
+            loop.call_soon_threadsafe(settle, ok, value)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return await future
 
 
 def _params_model(fn: Callable[..., Any], tool_name: str) -> tuple[type[BaseModel], str | None]:

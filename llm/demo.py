@@ -15,7 +15,9 @@ also asks for the refund deadline (`DEADLINE_DOD`). Otherwise the plan is a sing
 required inputs it can fill (order id from "order A101" in the prompt, a date from the prompt) in one
 turn (parallel tool_use). Once results are there, or when no tool can be called, it answers with text
 quoting the tool results (or, for a summary, the prompt's lines that mention order ids), stop reason
-`end_turn`. It writes `Refund deadline: ...` only when the prompt carries the critic's `FEEDBACK`.
+`end_turn`. It writes `Refund deadline: ...` only when the prompt carries the critic's `FEEDBACK`,
+at the end of the order's decision line, so that the summary (which keeps each order's decision
+line) carries the deadline into the goal's final answer.
 
 **Critic** (`tool_choice` forces `submit_verdict`): rejects (action `retry`, feedback `FEEDBACK`) when
 the prompt holds `DEADLINE_DOD` but no `Refund deadline:` answer and no earlier `FEEDBACK`; accepts
@@ -257,12 +259,17 @@ def _execute(request: ModelRequest) -> tuple[list[ContentBlock], StopReason]:
             if isinstance(b, ToolUseBlock)
         }
         decision = _refund_decision(order_id, [r.content for r in results if not r.is_error], text)
+        deadline = f"{DEADLINE_MARK} {_deadline([r.content for r in results])}." if FEEDBACK in text else None
+        if decision and deadline:
+            # Acting on the critic's feedback: the deadline joins the decision line, which is the line
+            # the summary task carries into the goal's final answer.
+            decision = f"{decision} {deadline}"
         lines = [decision] if decision else [f"Order {order_id}:" if order_id else "Results:"]
         for result in results:
             label = names.get(result.tool_use_id, "tool")
             lines.append(f"- {label}{' (error)' if result.is_error else ''}: {result.content.strip()}")
-        if FEEDBACK in text:
-            lines.append(f"{DEADLINE_MARK} {_deadline([r.content for r in results])}.")
+        if deadline and not decision:
+            lines.append(deadline)
         answer = "\n".join(lines)
     else:
         decisions = _unique_by_order([m.group(0) for m in _DECISION.finditer(text)])

@@ -130,7 +130,16 @@ async def _first_plan(rt: Runtime, goal: GoalRecord) -> StoredPlan | None:
     if goal.plan_version >= 1:
         # Stored by a run that stopped before the goal went to running: use it, do not ask again.
         return await rt.store.get_plan(goal.id, goal.plan_version)
-    tools = _offered(rt, goal, await rt.tool_definitions())
+    catalog = await rt.tool_definitions()
+    unknown = sorted(set(goal.goal.allowed_tools or ()) - {t.name for t in catalog})
+    if unknown:
+        # A goal that names a tool no worker has cannot be done as asked: say so instead of letting a
+        # plan without it produce a junk answer. No model call is made.
+        known = ", ".join(t.name for t in catalog) or "none"
+        reason = f"allowed_tools: unknown tool {', '.join(unknown)} (loaded: {known})"
+        await _stop(rt, goal.id, GoalState.FAILED, reason)
+        return None
+    tools = _offered(rt, goal, catalog)
     outcome = await _ask(rt, goal, plan_prompt(goal.goal, tools, rt.limits.max_plan_tasks), "plan")
     if outcome is None:
         return None

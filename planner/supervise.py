@@ -25,7 +25,7 @@ from bus.jobs import ExecuteJob, JobPayload, PlanJob, ReplanJob, ReviewGoalJob, 
 from bus.observe import observe
 from bus.runtime import Runtime
 from bus.schemas import Event, GoalRecord, GoalState, Plan, TaskRecord, TaskState
-from bus.store import IllegalTransition, NotFound
+from bus.store import CorruptRecord, IllegalTransition, NotFound
 
 from .dag import all_done, ready_tasks
 
@@ -156,12 +156,12 @@ async def supervise(rt: Runtime, stale_after: float, limit: int = 200) -> int:
     for goal_id in await rt.store.stale_goals(stale_after, limit):
         try:
             n += len(await check_goal(rt, goal_id))
-        except (ValidationError, ValueError, KeyError, NotFound) as exc:
+        except (CorruptRecord, ValidationError, ValueError, KeyError, NotFound) as exc:
             # A corrupted (or missing) record cannot be driven: the goal ends, visibly, instead of hanging.
             reason = f"corrupted record: {type(exc).__name__}: {exc}"[:2000]
             log.error("supervisor.corrupted", goal_id=goal_id, error=reason)
             try:
                 await rt.store.transition_goal(goal_id, GoalState.FAILED, reason=reason)
-            except (IllegalTransition, NotFound, ValidationError, ValueError, KeyError):
+            except (IllegalTransition, NotFound, CorruptRecord, ValidationError, ValueError, KeyError):
                 await rt.store.drop_inactive(goal_id)
     return n

@@ -3,10 +3,12 @@
 The public names an application needs are re-exported here.
 """
 
-from bus.client import Client, GoalStatus, WaitTimeout
+from bus.client import GoalStatus, WaitTimeout
 from bus.schemas import Goal, GoalRecord, GoalState, Plan, TaskSpec, Verdict
 from executor.toolkit import Tool, ToolContext, Toolkit
 from executor.toolkit import make_tool as tool
+from taskloom.client import Client
+from taskloom.settings import SettingsError
 
 __all__ = [
     "Client",
@@ -15,6 +17,7 @@ __all__ = [
     "GoalState",
     "GoalStatus",
     "Plan",
+    "SettingsError",
     "TaskSpec",
     "Tool",
     "ToolContext",

@@ -1,3 +1,6 @@
-from taskloom.cli import main
+try:
+    from taskloom.cli import main
+except KeyboardInterrupt:  # Ctrl-C while still importing: nothing started yet, nothing to clean up
+    raise SystemExit(130) from None
 
 main()

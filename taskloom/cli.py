@@ -1,16 +1,27 @@
 """The `taskloom` command line.
 
-Exit codes: 0 ok (for `wait`: the goal succeeded); 1 unknown goal or a failure reaching Redis;
-2 invalid input or configuration (the message names the field or variable); 3 the goal ended
-without succeeding (`wait`); 4 `wait` timed out.
+Exit codes (README "Exit codes"): 0 ok (for `wait`/`watch`/`run`: the goal succeeded); 1 unknown goal,
+a failure reaching Redis, a corrupt record, an unexpected error; 2 invalid input or configuration (one
+line naming the argument, option or variable); 3 the goal ended without succeeding; 4 a `--timeout`
+passed; 130/143 interrupted by SIGINT/SIGTERM.
+
+Every error leaves through `_fail` (one `error: ...` line on stderr); `main` turns usage errors and
+unexpected exceptions into that same line, with a traceback only under `--debug`/`TASKLOOM_DEBUG=1`.
+Text that users or models wrote is printed with `show`/`line` (`taskloom.terminal`), never as markup.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
+import os
+import re
+import signal
 import sys
-from collections.abc import Awaitable, Callable
+import traceback
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -21,25 +32,32 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Column, Table
 
+try:  # typer >= 0.22 vendors click; its usage errors are these classes, not the `click` package's
+    from typer._click import exceptions as cli_errors
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click import exceptions as cli_errors  # type: ignore[no-redef]
+
 from bus.client import Client, GoalStatus, WaitTimeout
 from bus.connection import EmbeddedRedisError
 from bus.keys import ROLES
-from bus.schemas import Event, Goal, GoalRecord, GoalState
-from bus.store import IllegalTransition, NotFound
+from bus.schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, GoalState
+from bus.store import AlreadyExists, CorruptRecord, IllegalTransition, NotFound
 from bus.tenants import TenantView
 from executor.registry import ToolLoadError
 from llm.errors import ModelConfigError
 
-from .logs import configure_logging
-from .metrics import MetricsError
-from .settings import Settings, SettingsError, load_settings
-from .workers import keys_for, load_tools, run_workers
+from .settings import Settings, SettingsError, keys_for, load_settings, unknown_variables
+from .terminal import clean, line
+
+# The workers (arq's worker, every role's handlers), logging and metrics are imported by the commands
+# that use them: every `taskloom` call pays for what it imports at start-up.
 
 app = typer.Typer(
     name="taskloom",
     help="Run AI agents as a fleet of workers: planner, executors and critic over Redis queues.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,  # main() turns unexpected errors into one line (see _unexpected)
 )
 out = Console()
 err = Console(stderr=True)
@@ -54,20 +72,111 @@ EXIT_TIMEOUT = 4
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 
+# -- option checks: a bad value is a usage error naming the option (exit 2, one line) -------------
+
+
+def _seconds(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"expected a finite number of seconds >= 0, got {value:g}")
+    return value
+
+
+def _log_level(value: str) -> str:
+    if value.upper() not in LOG_LEVELS:
+        raise typer.BadParameter(f"expected one of {', '.join(LOG_LEVELS)}, got {value!r}")
+    return value.upper()
+
+
+def _position(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"\d+(-\d+)?", value):
+        raise typer.BadParameter(f"expected a position like 1718000000000-0 (from a previous read), got {value!r}")
+    return value
+
+
+def _goal_id_option(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(GOAL_ID_PATTERN, value):
+        raise typer.BadParameter(f"expected 1-64 letters, digits, '_' or '-', got {value!r}")
+    return value
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+TimeoutOpt = Annotated[
+    float | None, typer.Option("--timeout", help="seconds; default: no limit", callback=_seconds)
+]
+GoalText = Annotated[
+    str, typer.Argument(help="the goal in natural language; '-' reads it from stdin, '@FILE' from a file")
+]
+
+
+def _goal_text(value: str) -> str:
+    """The goal argument: text, '-' for stdin, or '@path' for a file (as curl and kubectl read input)."""
+    if value == "-":
+        return sys.stdin.read()
+    if value.startswith("@") and len(value) > 1:
+        path = value[1:]
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            _fail(EXIT_INVALID, f"GOAL: cannot read {path!r}: {reason}")
+    return value
+
+
+def show(*parts: str | tuple[str, str], console: Console | None = None) -> None:
+    """Print `line(*parts)`; long lines are not re-wrapped (answers are copied and piped)."""
+    (console or out).print(line(*parts), soft_wrap=True, highlight=False)
+
+
 def _fail(code: int, message: str) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    """The one error exit: `error: <message>` on one stderr line, then exit `code`."""
+    one_line = " ".join(clean(message).split("\n"))
+    err.print(line(("error:", "bold red"), " ", one_line), soft_wrap=True, highlight=False)
     raise typer.Exit(code)
 
 
+def _warn(message: str) -> None:
+    err.print(line(("warning:", "bold yellow"), " ", message), soft_wrap=True, highlight=False)
+
+
+_warned_variables = False
+
+
 def _settings() -> Settings:
+    """The settings, or exit 2 naming each bad variable; warns once about unknown TASKLOOM_* variables."""
+    global _warned_variables
+    if not _warned_variables:
+        _warned_variables = True
+        for warning in unknown_variables():
+            _warn(warning)
     try:
         return load_settings()
     except SettingsError as exc:
         _fail(EXIT_INVALID, str(exc))
 
 
-def _with_client(fn: Callable[[Client], Awaitable[T]]) -> T:
-    settings = _settings()
+def _guarded(fn: Callable[[], T]) -> T:
+    """Run `fn`, turning the errors every command can meet into the one error exit."""
+    try:
+        return fn()
+    except WaitTimeout:
+        raise  # a TimeoutError, hence an OSError: not a connection problem; the caller reports it
+    except NotFound as exc:
+        _fail(EXIT_NOT_FOUND, str(exc))
+    except CorruptRecord as exc:
+        _fail(EXIT_NOT_FOUND, str(exc))
+    except AlreadyExists as exc:
+        _fail(EXIT_INVALID, f"--id: {exc} with a different goal; choose another id or submit the same goal")
+    except (ModelConfigError, ToolLoadError, SettingsError) as exc:  # SettingsError: e.g. the metrics port
+        _fail(EXIT_INVALID, str(exc))
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, EmbeddedRedisError, OSError) as exc:
+        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
+    except redis.exceptions.ResponseError as exc:
+        _fail(EXIT_NOT_FOUND, f"Redis refused a command (a key holds data of another kind?): {exc}")
+
+
+def _with_client(fn: Callable[[Client], Awaitable[T]], settings: Settings | None = None) -> T:
+    settings = settings or _settings()
 
     async def go() -> T:
         async with Client.open(
@@ -75,16 +184,7 @@ def _with_client(fn: Callable[[Client], Awaitable[T]]) -> T:
         ) as client:
             return await fn(client)
 
-    try:
-        return asyncio.run(go())
-    except WaitTimeout:
-        raise  # a TimeoutError, hence an OSError: not a connection problem; the caller reports it
-    except NotFound as exc:
-        _fail(EXIT_NOT_FOUND, str(exc))
-    except ValidationError as exc:
-        _fail(EXIT_INVALID, _validation_message(exc))
-    except (redis.exceptions.ConnectionError, EmbeddedRedisError, OSError) as exc:
-        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
+    return _guarded(lambda: _arun(go()))
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -107,20 +207,18 @@ def _print_json(obj: Any) -> None:
 def worker(
     role: Annotated[str, typer.Argument(help="planner | executor | critic | all")],
     burst: Annotated[bool, typer.Option(help="exit once the queues are empty")] = False,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR", callback=_log_level)] = "INFO",
 ) -> None:
     """Run a worker process for one role, or all three roles in one process."""
     roles = list(ROLES) if role == "all" else [role]
     if any(r not in ROLES for r in roles):
         _fail(EXIT_INVALID, f"unknown role {role!r}; expected one of: {', '.join(ROLES)}, all")
     settings = _settings()
+    from .logs import configure_logging
+    from .workers import run_workers
+
     configure_logging(log_level)
-    try:
-        asyncio.run(run_workers(roles, settings, burst=burst))
-    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
-        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
-    except (ModelConfigError, ToolLoadError, MetricsError) as exc:
-        _fail(EXIT_INVALID, str(exc))
+    _guarded(lambda: _arun(run_workers(roles, settings, burst=burst)))
 
 
 @app.command()
@@ -129,7 +227,7 @@ def health(
         list[str] | None, typer.Option("--role", help="planner | executor | critic | all (repeatable; default all)")
     ] = None,
     local: Annotated[bool, typer.Option("--local", help="only workers on this host (container probes)")] = False,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for Redis")] = 5.0,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for Redis (> 0)", callback=_seconds)] = 5.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Exit 0 if Redis answers and each role has a worker with a fresh heartbeat; else 1 with the reason."""
@@ -144,6 +242,8 @@ def health(
     wanted = [r for name in (role or ["all"]) for r in (ROLES if name == "all" else [name])]
     if any(r not in ROLES for r in wanted):
         _fail(EXIT_INVALID, f"--role: expected one of {', '.join(ROLES)}, all; got {', '.join(role or [])}")
+    if timeout <= 0:
+        _fail(EXIT_INVALID, f"--timeout: expected a number of seconds > 0, got {timeout:g}")
     settings = _settings()
     # With no TASKLOOM_REDIS_URL, look for the embedded server without starting one: a health check
     # that started a fresh, empty Redis would only hide the problem.
@@ -160,20 +260,20 @@ def health(
         finally:
             await redis.aclose()
 
-    report = asyncio.run(go())
+    report = _arun(go())
     if as_json:
         _print_json(report.as_json())
     elif report.ok:
         live = "; ".join(f"{r}: {sum(b.alive for b in beats)} live" for r, beats in report.roles.items())
-        out.print(f"ok: Redis answers; {live}", highlight=False, soft_wrap=True)
+        show(f"ok: Redis answers; {live}")
     else:  # one line, never wrapped: probes and their logs read it
-        err.print("[bold red]unhealthy:[/] " + "; ".join(report.reasons), highlight=False, soft_wrap=True)
+        show(("unhealthy:", "bold red"), " ", "; ".join(report.reasons), console=err)
     raise typer.Exit(0 if report.ok else EXIT_NOT_FOUND)
 
 
 @app.command()
 def submit(
-    text: Annotated[str, typer.Argument(help="the goal, in natural language")],
+    text: GoalText,
     dod: Annotated[str, typer.Option("--dod", help="definition of done")] = "",
     budget: Annotated[int | None, typer.Option(help="token budget (default: TASKLOOM_DEFAULT_BUDGET_TOKENS)")] = None,
     budget_usd: Annotated[float | None, typer.Option("--budget-usd", help="dollar budget (cache-aware prices)")] = None,
@@ -181,10 +281,14 @@ def submit(
     tool: Annotated[list[str] | None, typer.Option("--tool", help="allowed tool (repeatable; default all)")] = None,
     meta: Annotated[list[str] | None, typer.Option("--meta", help="metadata KEY=VALUE (repeatable)")] = None,
     deadline: Annotated[str | None, typer.Option(help="ISO 8601 time with zone, e.g. 2026-10-13T18:00Z")] = None,
-    goal_id: Annotated[str | None, typer.Option("--id", help="your own goal id (makes re-submitting safe)")] = None,
+    goal_id: Annotated[
+        str | None,
+        typer.Option("--id", help="your own goal id (makes re-submitting safe)", callback=_goal_id_option),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a goal; prints its id."""
+    text = _goal_text(text)
     metadata: dict[str, str] = {}
     for item in meta or []:
         key, sep, value = item.partition("=")
@@ -210,40 +314,74 @@ def submit(
         goal = Goal.model_validate(raw)
     except ValidationError as exc:
         _fail(EXIT_INVALID, _validation_message(exc))
-    gid = _with_client(lambda c: c.submit(goal, goal_id=goal_id))
+    settings = _settings()
+    if tool:
+        _check_tools(tool, settings)
+    gid = _with_client(lambda c: c.submit(goal, goal_id=goal_id), settings)
     if as_json:
         _print_json({"goal_id": gid})
     else:
-        out.print(gid)
+        show(gid)
 
 
-def _status_json(s: GoalStatus) -> dict[str, Any]:
+def _check_tools(names: list[str], settings: Settings) -> None:
+    """--tool names must be tools the workers load (the same TASKLOOM_TOOLS); the planner checks too,
+    so a machine that cannot import the toolkits here skips this early check."""
+    from executor.demo_tools import support
+    from executor.registry import ToolRegistry, load_toolkits
+
+    if settings.mcp_config:
+        return  # MCP tools are known only once their servers answer: the planner checks them
+    try:
+        kits = load_toolkits(settings.tools, default=[support] if settings.model == "demo" else [])
+        known = ToolRegistry(kits).names()
+    except ToolLoadError:
+        return
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        listed = ", ".join(map(repr, unknown))
+        _fail(EXIT_INVALID, f"--tool: unknown tool {listed}; expected one of: {', '.join(known) or '(none loaded)'}")
+
+
+def _status_json(s: GoalStatus, approvals: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {
         **s.goal.model_dump(mode="json"),
         "plan": s.plan.model_dump(mode="json") if s.plan else None,
         "tasks": [t.model_dump(mode="json") for t in s.tasks],
+        "awaiting_approval": [{"call_id": cid, **req} for cid, req in approvals.items()],
     }
 
 
 @app.command()
 def status(goal_id: str, as_json: JsonOpt = False) -> None:
-    """Show a goal: its state, answer, plan version and every task's state."""
-    s = _with_client(lambda c: c.status(goal_id))
+    """Show a goal: its state, answer, plan version, every task's state and the calls awaiting approval."""
+
+    async def go(c: Client) -> tuple[GoalStatus, dict[str, dict[str, Any]]]:
+        return await c.status(goal_id), await c.approvals(goal_id)
+
+    s, approvals = _with_client(go)
     if as_json:
-        _print_json(_status_json(s))
+        _print_json(_status_json(s, approvals))
         return
     g = s.goal
-    out.print(f"[bold]{g.id}[/]  [cyan]{g.state.value}[/]  budget {g.budget_tokens:,} tokens  plan v{g.plan_version}")
-    out.print(f"goal: {g.goal.text}", highlight=False)
+    show((g.id, "bold"), "  ", (g.state.value, "cyan"), f"  budget {g.budget_tokens:,} tokens  plan v{g.plan_version}")
+    show("goal: ", g.goal.text)
     if g.reason:
-        out.print(f"reason: {g.reason}", highlight=False)
+        show("reason: ", g.reason)
     if s.tasks:
         table = Table("task", "state", "attempt", "reason")
         for t in s.tasks:
-            table.add_row(t.task_id, t.state.value, str(t.attempt), t.reason or "")
+            table.add_row(line(t.task_id), t.state.value, str(t.attempt), line(t.reason or ""))
         out.print(table)
+    for call_id, req in approvals.items():
+        args = json.dumps(req.get("input"), default=str)
+        show(
+            ("awaiting approval: ", "bold magenta"),
+            f"{call_id}  {req.get('tool')}({args[:200]})  task {req.get('task_id')}",
+            f"  -> taskloom approve {g.id} {call_id}  |  taskloom deny {g.id} {call_id} --reason ...",
+        )
     if g.answer:
-        out.print(f"\n[bold]answer[/]\n{g.answer}", highlight=False)
+        show("\n", ("answer", "bold"), "\n", g.answer)
 
 
 def _goal_exit(goal: GoalRecord) -> int:
@@ -253,12 +391,17 @@ def _goal_exit(goal: GoalRecord) -> int:
 @app.command()
 def wait(
     goal_id: str,
-    timeout: Annotated[float | None, typer.Option(help="seconds; default: no limit")] = None,
+    timeout: TimeoutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Wait until a goal ends. Exit 0 if it succeeded, 3 if it ended otherwise, 4 on timeout."""
+
+    async def go(c: Client) -> GoalRecord:
+        await _warn_if_no_workers(c, goal_id)
+        return await c.wait(goal_id, timeout)
+
     try:
-        goal = _with_client(lambda c: c.wait(goal_id, timeout))
+        goal = _with_client(go)
     except WaitTimeout as exc:
         if as_json:
             _print_json({"goal_id": goal_id, "state": exc.state, "timeout": True})
@@ -266,11 +409,11 @@ def wait(
     if as_json:
         _print_json(goal.model_dump(mode="json"))
     else:
-        out.print(f"{goal.id} {goal.state.value}")
+        show(f"{goal.id} {goal.state.value}")
         if goal.answer:
-            out.print(goal.answer, highlight=False)
+            show(goal.answer)
         elif goal.reason:
-            out.print(goal.reason, highlight=False)
+            show(goal.reason)
     raise typer.Exit(_goal_exit(goal))
 
 
@@ -283,7 +426,9 @@ def _event_line(e: Event) -> str:
 @app.command()
 def events(
     goal_id: str,
-    after: Annotated[str | None, typer.Option(help="resume after this position (from a previous read)")] = None,
+    after: Annotated[
+        str | None, typer.Option(help="resume after this position (from a previous read)", callback=_position)
+    ] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep reading until the goal ends")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -294,29 +439,49 @@ def events(
             if as_json:
                 _print_json(e.model_dump(mode="json"))
             else:
-                out.print(f"{e.position}  {_event_line(e)}", highlight=False)
+                show(f"{e.position}  {_event_line(e)}")
 
     _with_client(go)
 
 
 @app.command()
-def watch(goal_id: str, as_json: JsonOpt = False) -> None:
-    """Follow a goal live until it ends; exit code as for `wait`."""
+def watch(goal_id: str, timeout: TimeoutOpt = None, as_json: JsonOpt = False) -> None:
+    """Follow a goal live until it ends; exit code as for `wait` (4: --timeout passed first)."""
 
     async def go(c: Client) -> GoalRecord:
-        async for e in c.events(goal_id, follow=True):
-            if as_json:
-                _print_json(e.model_dump(mode="json"))
-            else:
-                out.print(_event_line(e), highlight=False)
+        await _warn_if_no_workers(c, goal_id)
+        try:
+            async with asyncio.timeout(timeout):
+                async for e in c.events(goal_id, follow=True):
+                    if as_json:
+                        _print_json(e.model_dump(mode="json"))
+                    else:
+                        show(_event_line(e))
+        except TimeoutError:
+            goal = await c.get(goal_id)
+            raise WaitTimeout(goal_id, goal.state.value, timeout or 0) from None
         return await c.get(goal_id)
 
-    goal = _with_client(go)
+    try:
+        goal = _with_client(go)
+    except WaitTimeout as exc:
+        _fail(EXIT_TIMEOUT, str(exc))
     if not as_json:
-        out.print(f"[bold]{goal.state.value}[/]")
+        show((goal.state.value, "bold"))
         if goal.answer:
-            out.print(goal.answer, highlight=False)
+            show(goal.answer)
     raise typer.Exit(_goal_exit(goal))
+
+
+async def _warn_if_no_workers(c: Client, goal_id: str) -> None:
+    """A goal that has not ended, and a role without any live worker: say so (once) rather than wait mutely."""
+    from . import health
+
+    if (await c.get(goal_id)).terminal:
+        return
+    missing = await health.missing_roles(c.redis, c.keys, ROLES)
+    if missing:
+        _warn(health.no_worker_message(missing))
 
 
 @app.command()
@@ -333,7 +498,7 @@ def cancel(
     if as_json:
         _print_json({"goal_id": goal_id, "cancelled": True, "changed": changed})
     else:
-        out.print(f"{goal_id} cancelled" if changed else f"{goal_id} was already cancelled")
+        show(f"{goal_id} cancelled" if changed else f"{goal_id} was already cancelled")
 
 
 @app.command()
@@ -352,7 +517,7 @@ def resume(
     if as_json:
         _print_json({"goal_id": goal_id, "state": goal.state.value, "resumes": goal.resumes})
     else:
-        out.print(f"{goal_id} resumed: {goal.state.value}")
+        show(f"{goal_id} resumed: {goal.state.value}")
 
 
 @app.command()
@@ -387,9 +552,9 @@ def ledger(
         d = 1_000_000
         left = snap.budget_micro_usd - snap.cost_micro_usd - snap.reserved_micro_usd
         table.add_row("budget USD", f"${snap.budget_micro_usd / d:.4f} (headroom ${left / d:.4f})")
-    out.print(f"[bold]{goal_id}[/]  {snap.calls} calls  ${snap.cost_usd:.4f}  {snap.refusals} refused", highlight=False)
+    show((goal_id, "bold"), f"  {snap.calls} calls  ${snap.cost_usd:.4f}  {snap.refusals} refused")
     if snap.pools:
-        out.print(f"pools: {', '.join(snap.pools)}", highlight=False)
+        show(f"pools: {', '.join(snap.pools)}")
     out.print(table)
 
 
@@ -405,22 +570,23 @@ def _print_tenant(view: TenantView, as_json: bool) -> None:
         f"max running {s.max_running}" if s.max_running else "running unlimited",
     ]
     note = "" if view.configured else " (no settings: no limits)"
-    out.print(f"[bold]{s.name}[/]{note}  {', '.join(limits)}  running now {view.running}", highlight=False)
+    show((s.name, "bold"), f"{note}  {', '.join(limits)}  running now {view.running}")
     if not view.periods:
-        out.print("no spend yet")
+        show("no spend yet")
     for p in view.periods:
         b = p.books
         mark = " (current)" if p.label == view.current else ""
-        out.print(
-            f"\n[bold]{p.label}[/]{mark}  spent {b.spent:,} tokens  ${b.cost_usd:.4f}  reserved {b.reserved:,} "
+        show(
+            "\n",
+            (p.label, "bold"),
+            f"{mark}  spent {b.spent:,} tokens  ${b.cost_usd:.4f}  reserved {b.reserved:,} "
             f"({b.open} open)  {b.calls} calls  {b.refusals} refused  {p.resets} resets",
-            highlight=False,
         )
         model_col = Column("model", no_wrap=True)  # the id is what people grep for: never wrapped
         table = Table(model_col, "input", "output", "cache read", "cache write", "unknown", "USD")
         for m in p.models:
             table.add_row(
-                m.model,
+                line(m.model),
                 f"{m.input:,}",
                 f"{m.output:,}",
                 f"{m.cache_read:,}",
@@ -466,7 +632,7 @@ def tenant_set(
     if as_json:
         _print_json(settings.model_dump(mode="json"))
     else:
-        out.print(f"{name}: {settings.model_dump_json(exclude={'name'})}", highlight=False)
+        show(f"{name}: {settings.model_dump_json(exclude={'name'})}")
 
 
 @tenant_app.command("show")
@@ -492,7 +658,7 @@ def tenant_list(as_json: JsonOpt = False) -> None:
         cur = next((p for p in v.periods if p.label == v.current), None)
         spend = f"{cur.books.spent:,} tok ${cur.books.cost_usd:.4f}" if cur else "0"
         table.add_row(
-            s.name,
+            line(s.name),
             s.period,
             f"{s.budget_tokens:,}" if s.budget_tokens else "-",
             f"{s.budget_usd:.2f}" if s.budget_usd else "-",
@@ -513,7 +679,7 @@ def tenant_reset(name: str, as_json: JsonOpt = False) -> None:
     if as_json:
         _print_json({"tenant": name, "pool": pool})
     else:
-        out.print(f"{name}: {pool} reset")
+        show(f"{name}: {pool} reset")
 
 
 DEMO_GOAL = "Can orders A100, A101 and A107 be refunded? Today is 2026-10-13."
@@ -521,39 +687,42 @@ DEMO_DOD = "For each order: whether it can be refunded, why, and the refund dead
 
 
 def _run(goal: Goal, settings: Settings, local: bool, as_json: bool, timeout: float | None) -> None:
+    from .logs import configure_logging
     from .runner import run_goal, summary
 
     console = Console(stderr=True) if as_json else out
     configure_logging("WARNING", json=True, stream=sys.stderr)  # worker logs stay out of the live view
-    try:
-        record, books = asyncio.run(run_goal(settings, goal, local=local, console=console, timeout=timeout))
-    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
-        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
-    except (ModelConfigError, ToolLoadError) as exc:
-        _fail(EXIT_INVALID, str(exc))
+    record, books = _guarded(
+        lambda: _arun(run_goal(settings, goal, local=local, console=console, timeout=timeout, warn=_warn))
+    )
     if as_json:
-        _print_json(summary(record, books))
-    else:
+        _print_json({**summary(record, books), "timeout": not record.terminal})
+    if not record.terminal:
+        where = "its workers stopped with this process" if local else f"follow it with `taskloom watch {record.id}`"
+        _fail(EXIT_TIMEOUT, f"goal {record.id} still {record.state.value} after {timeout:g} s ({where})")
+    if not as_json:
         spent = f"{books.spent:,} of {books.budget:,} tokens (${books.cost_usd:.4f})" if books else ""
-        out.print(f"\n[bold]{record.state.value}[/]  {spent}")
+        show("\n", (record.state.value, "bold"), f"  {spent}")
         if record.answer:
-            out.print(f"\n[bold]answer[/]\n{record.answer}", highlight=False)
+            show("\n", ("answer", "bold"), "\n", record.answer)
         elif record.reason:
-            out.print(f"reason: {record.reason}", highlight=False)
+            show("reason: ", record.reason)
     raise typer.Exit(_goal_exit(record))
 
 
 @app.command()
 def run(
-    text: Annotated[str, typer.Argument(help="the goal, in natural language")],
+    text: GoalText,
     dod: Annotated[str, typer.Option("--dod", help="definition of done")] = "",
     budget: Annotated[int | None, typer.Option(help="token budget")] = None,
     local: Annotated[bool, typer.Option(help="run planner, executor and critic in this process")] = False,
-    timeout: Annotated[float | None, typer.Option(help="stop watching after this many seconds")] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="stop watching after this many seconds (exit 4)", callback=_seconds)
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a goal, show its DAG live, print the final answer. Exit 0 only if it succeeded."""
-    raw: dict[str, Any] = {"text": text, "definition_of_done": dod}
+    raw: dict[str, Any] = {"text": _goal_text(text), "definition_of_done": dod}
     if budget is not None:
         raw["budget_tokens"] = budget
     try:
@@ -566,7 +735,7 @@ def run(
 @app.command()
 def demo(
     as_json: JsonOpt = False,
-    timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 120,
+    timeout: Annotated[float, typer.Option(help="give up after this many seconds (exit 4)", callback=_seconds)] = 120,
 ) -> None:
     """The whole system on this machine, no set-up: embedded Redis, the offline demo model, the
     support-desk toolkit, all workers in this process, on a refund question over three orders."""
@@ -621,18 +790,30 @@ def deny(
 
 
 def _decide(goal_id: str, call_id: str, approved: bool, reason: str, as_json: bool) -> None:
-    first = _with_client(lambda c: c.decide(goal_id, call_id, approved, reason))
+    async def go(c: Client) -> tuple[bool, str | None]:
+        first = await c.decide(goal_id, call_id, approved, reason)
+        return first, await c.decision(goal_id, call_id)
+
+    first, decision = _with_client(go)
+    verb = "approved" if approved else "denied"
+    before = "approved" if decision == "approved" else "denied"
     if as_json:
-        _print_json({"goal_id": goal_id, "call_id": call_id, "approved": approved, "first_decision": first})
-    else:
-        verb = "approved" if approved else "denied"
-        out.print(f"{call_id} {verb}" if first else f"{call_id} was already decided; nothing changed")
+        _print_json(
+            {"goal_id": goal_id, "call_id": call_id, "approved": approved, "first_decision": first, "decision": before}
+        )
+    elif first:
+        show(f"{call_id} {verb}")
+    else:  # idempotent, as a second `kubectl apply` is; the first decision stands
+        show(f"{call_id} was already {before}; nothing changed")
 
 
 @app.command()
 def tools(as_json: JsonOpt = False) -> None:
     """List the tool catalog a worker would load (TASKLOOM_TOOLS and TASKLOOM_MCP_CONFIG), with each
     tool's origin and policy; a bad configuration or a name collision exits 2 naming it."""
+    from .logs import configure_logging
+    from .workers import load_tools
+
     settings = _settings()
     configure_logging("WARNING", stream=sys.stderr)
 
@@ -652,10 +833,7 @@ def tools(as_json: JsonOpt = False) -> None:
                 for name, tool in sorted(registry.tools.items())
             ]
 
-    try:
-        rows = asyncio.run(listed())
-    except ToolLoadError as exc:
-        _fail(EXIT_INVALID, str(exc))
+    rows = _guarded(lambda: _arun(listed()))
     if as_json:
         _print_json(rows)
         return
@@ -675,13 +853,15 @@ def mcp(
     port_file: Annotated[Path | None, typer.Option(help="write the HTTP port here once listening")] = None,
     read_only: Annotated[bool, typer.Option("--read-only", help="only status, wait and events; no changes")] = False,
     max_wait: Annotated[float, typer.Option(help="longest wait_goal call, seconds")] = 60.0,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "WARNING",
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR", callback=_log_level)] = "WARNING",
 ) -> None:
     """Serve the fleet to MCP hosts: submit_goal, goal_status, wait_goal, goal_events, cancel_goal,
     approve_call, deny_call (stdio by default; logs go to stderr)."""
+    from .logs import configure_logging
+
     settings = _settings()
-    if max_wait <= 0:
-        _fail(EXIT_INVALID, f"--max-wait must be > 0, got {max_wait:g}")
+    if not math.isfinite(max_wait) or max_wait <= 0:
+        _fail(EXIT_INVALID, f"--max-wait: expected a finite number of seconds > 0, got {max_wait:g}")
     configure_logging(log_level, stream=sys.stderr)  # stdout is the protocol's channel on stdio
     try:
         from executor.demo_mcp import serve_http
@@ -700,16 +880,123 @@ def mcp(
             else:
                 await server.run_stdio_async()
 
+    _guarded(lambda: _arun(serve()))
+
+
+
+# -- the process: one error path, no traceback unless asked, signals --------------------------------
+
+_debug = False
+
+
+def _env_debug() -> bool:
+    return os.environ.get("TASKLOOM_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@app.callback()
+def _root(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="print the traceback of an unexpected error (or TASKLOOM_DEBUG=1)")
+    ] = False,
+) -> None:
+    global _debug
+    _debug = _debug or debug
+
+
+_terminated_by: int | None = None
+
+
+def _arun(coro: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(coro)`, where SIGTERM (and SIGINT) cancel `coro` as Ctrl-C does: its `finally`
+    blocks run, connections close, and the embedded redis-server is stopped by its last user. (A
+    default SIGTERM kills the process first; a shell's background job even ignores SIGINT.) A worker
+    replaces these handlers with its own graceful shutdown while it runs."""
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        installed = []
+
+        def stop(signum: int) -> None:
+            global _terminated_by
+            _terminated_by = signum
+            task.cancel()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop, sig)
+                installed.append(sig)
+        try:
+            return await coro
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
     try:
-        asyncio.run(serve())
-    except (redis.exceptions.ConnectionError, EmbeddedRedisError) as exc:
-        _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
-    except KeyboardInterrupt:
-        pass
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None  # main() exits 130, or 143 after SIGTERM
 
 
-def main() -> None:
-    app()
+def _cwd_on_path() -> None:
+    """Toolkits in the current directory import as they do with `python -m` (uvicorn does the same)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def main(argv: list[str] | None = None) -> None:
+    global _debug
+    _debug = _env_debug()
+    _cwd_on_path()
+    try:
+        rv = app(args=argv, prog_name="taskloom", standalone_mode=False)
+    except cli_errors.NoArgsIsHelpError as exc:
+        if exc.ctx is not None:
+            sys.stdout.write(exc.ctx.get_help() + "\n")
+        sys.exit(EXIT_INVALID)
+    except cli_errors.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        _exit_with(EXIT_INVALID, exc.format_message() + _given(exc, sys.argv[1:] if argv is None else argv) + hint)
+    except (typer.Abort, KeyboardInterrupt):
+        rv = 130
+    except Exception as exc:
+        _unexpected(exc)
+    if rv == 130 and _terminated_by is not None:
+        rv = 128 + _terminated_by  # 143: ended by SIGTERM, as shells report it
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _given(exc: Exception, argv: list[str]) -> str:
+    """", got '<value>'" for an option value that could not be converted (typer's message omits it)."""
+    param = getattr(exc, "param", None)
+    opts = list(getattr(param, "opts", None) or [])
+    if not opts or "got " in str(getattr(exc, "message", "")):
+        return ""
+    for i, arg in enumerate(argv):
+        for opt in opts:
+            if arg == opt and i + 1 < len(argv):
+                return f", got {argv[i + 1]!r}"
+            if arg.startswith(opt + "="):
+                return f", got {arg[len(opt) + 1 :]!r}"
+    return ""
+
+
+def _exit_with(code: int, message: str) -> NoReturn:
+    try:
+        _fail(code, message)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+
+
+def _unexpected(exc: BaseException) -> NoReturn:
+    """A bug or an unforeseen failure: one line naming it; the traceback only with --debug."""
+    if _debug:
+        traceback.print_exception(exc)
+        sys.exit(1)
+    name = type(exc).__name__
+    _exit_with(1, f"unexpected {name}: {exc} (run with --debug or TASKLOOM_DEBUG=1 to see the traceback)")
 
 
 if __name__ == "__main__":

@@ -129,3 +129,19 @@ async def check(redis: Redis, keys: Keys, roles: Sequence[str], host: str | None
             seen = f" (the heartbeat of {last.instance} went stale {-last.fresh_for:.1f} s ago)" if last else ""
             report.reasons.append(f"no live {role} worker{where}{seen}")
     return report
+
+
+async def missing_roles(redis: Redis, keys: Keys, roles: Sequence[str]) -> list[str]:
+    """The roles in `roles` with no live worker anywhere (no fresh heartbeat); [] if Redis cannot tell."""
+    try:
+        report = await check(redis, keys, roles)
+    except Exception:
+        return []
+    return [role for role, beats in report.roles.items() if not any(b.alive for b in beats)]
+
+
+def no_worker_message(missing: Sequence[str]) -> str:
+    return (
+        f"no live {', '.join(missing)} worker (no fresh heartbeat in Redis): the goal waits until one starts; "
+        "start them with `taskloom worker all` (or use `taskloom run --local`)"
+    )

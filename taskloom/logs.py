@@ -13,15 +13,40 @@ from typing import Any
 
 import structlog
 
-from llm.redact import REDACTED
-from llm.redact import SECRET_KEYS as _SECRET_KEYS
-from llm.redact import scrub as _scrub
+from llm.redact import REDACTED, SECRET_KEYS, SECRET_VALUES
+
+# A logged value is capped: an invalid 1 MB job payload must not become a 1 MB log line. Strings keep
+# their head and say how much was cut; containers keep their first items. Secrets are redacted as
+# in the cassettes (llm.redact), after the cut so a key split by it is still caught by its prefix.
+MAX_STRING = 2000
+MAX_ITEMS = 50
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= MAX_STRING else f"{text[:MAX_STRING]}...[{len(text) - MAX_STRING} more chars]"
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return SECRET_VALUES.sub(REDACTED, _cap(value))
+    if isinstance(value, bytes | bytearray):
+        return _scrub(bytes(value[: MAX_STRING + 1]).decode("utf-8", "replace")) if len(value) > MAX_STRING else value
+    if isinstance(value, dict):
+        items = list(value.items())
+        out = {k: REDACTED if SECRET_KEYS.search(str(k)) else _scrub(v) for k, v in items[:MAX_ITEMS]}
+        if len(items) > MAX_ITEMS:
+            out["..."] = f"{len(items) - MAX_ITEMS} more keys"
+        return out
+    if isinstance(value, list | tuple):
+        head = [_scrub(v) for v in list(value[:MAX_ITEMS])]
+        return [*head, f"...{len(value) - MAX_ITEMS} more items"] if len(value) > MAX_ITEMS else head
+    return value
 
 
 def redact_secrets(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """structlog processor: drop values of secret-looking keys and API keys inside any string."""
     for key in list(event_dict):
-        if _SECRET_KEYS.search(key):
+        if SECRET_KEYS.search(key):
             event_dict[key] = REDACTED
         else:
             event_dict[key] = _scrub(event_dict[key])

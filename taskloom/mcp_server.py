@@ -147,12 +147,20 @@ def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) ->
     async def approve_call(goal_id: str, call_id: str) -> dict[str, Any]:
         """APPROVAL: let a tool call that awaits a person's approval run (see goal_status 'approvals')."""
         first = await guarded(client.decide(goal_id, call_id, True))
-        return {"goal_id": goal_id, "call_id": call_id, "approved": True, "first_decision": first}
+        decision = await guarded(client.decision(goal_id, call_id))  # the first decision stands
+        return {"goal_id": goal_id, "call_id": call_id, "approved": True, "first_decision": first, "decision": decision}
 
     @server.tool(annotations=DESTRUCTIVE.model_copy(update={"title": "Deny a tool call"}), meta=APPROVAL_META)
     async def deny_call(goal_id: str, call_id: str, reason: str = "denied by an operator") -> dict[str, Any]:
         """APPROVAL: refuse a tool call that awaits approval; the agent sees an ERROR with `reason`."""
         first = await guarded(client.decide(goal_id, call_id, False, reason))
-        return {"goal_id": goal_id, "call_id": call_id, "approved": False, "first_decision": first}
+        decision = await guarded(client.decision(goal_id, call_id))
+        return {
+            "goal_id": goal_id,
+            "call_id": call_id,
+            "approved": False,
+            "first_decision": first,
+            "decision": decision,
+        }
 
     return server

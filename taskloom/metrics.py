@@ -16,6 +16,7 @@ queue's depth is still exported when no executor runs (scale from zero); aggrega
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from redis.asyncio import Redis
 from bus.keys import ROLES, Keys
 from bus.observe import Observer
 from llm.types import Usage
+
+from .settings import SettingsError
 
 log = structlog.get_logger("taskloom.metrics")
 
@@ -141,8 +144,8 @@ REDRIVES = Counter(
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
 
 
-class MetricsError(Exception):
-    """The metrics endpoint could not start; the message names the setting."""
+class MetricsError(SettingsError):
+    """The metrics endpoint could not start; the message names the setting (a configuration error)."""
 
 
 class PrometheusObserver(Observer):
@@ -211,7 +214,11 @@ def serve(port: int, addr: str) -> MetricsServer:
     try:
         server, thread = start_http_server(port, addr=addr, registry=REGISTRY)
     except OSError as exc:
-        raise MetricsError(f"TASKLOOM_METRICS_PORT: cannot listen on {addr}:{port}: {exc}") from exc
+        # Name the variable at fault: a port in use or privileged is the port's; an address this host
+        # does not have, or a name that does not resolve, is the address's.
+        in_use = exc.errno in (errno.EADDRINUSE, errno.EACCES)
+        variable = "TASKLOOM_METRICS_PORT" if in_use else "TASKLOOM_METRICS_ADDR"
+        raise MetricsError(f"{variable}: cannot listen on {addr}:{port}: {exc}") from exc
     return MetricsServer(server, thread)
 
 

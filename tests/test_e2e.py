@@ -193,7 +193,7 @@ async def fleet(env: dict[str, str], tmp_path: Path, *roles: str) -> AsyncIterat
             assert not dead, f"{dead[0].role} exited: {dead[0].log.read_text()[-2000:]}"
             return all(w.ready() for w in workers)
 
-        await eventually(all_ready, timeout=30)
+        await eventually(all_ready, timeout=120)  # five interpreters importing the SDK on a busy 2-core CI box
         yield workers
     finally:
         for w in workers:

@@ -242,8 +242,11 @@ async def test_approval_pauses_the_task_and_a_denial_reaches_the_model(
     (call_id,) = pending
     assert pending[call_id]["tool"] == "wipe" and pending[call_id]["input"] == {"target": "prod"}
     assert await env.client.decide(env.goal_id, call_id, approved=False, reason="not on a Friday")
-    with pytest.raises(NotFound):  # decided already: the request is gone, the denial stands
-        await env.client.decide(env.goal_id, call_id, approved=True)
+    # decided already: nothing changes, the denial stands and can be read back
+    assert not await env.client.decide(env.goal_id, call_id, approved=True)
+    assert await env.client.decision(env.goal_id, call_id) == "denied:not on a Friday"
+    with pytest.raises(NotFound):  # a call that never asked for approval
+        await env.client.decide(env.goal_id, "toolu_never_asked", approved=True)
     resume = ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1, resume=1)
     await execute(env.rt, resume, REGISTRY)
     result = await env.rt.store.get_result(env.goal_id, "t1", 1)

@@ -31,3 +31,20 @@ def test_json_lines_with_context_and_no_api_key() -> None:
     assert lines[0]["goal_id"] == "g1" and lines[0]["task_id"] == "t1" and lines[0]["role"] == "executor"
     assert lines[1]["headers"]["x-api-key"] == "[redacted]"
     assert lines[2]["event"] == "stdlib line 7" and lines[2]["logger"] == "arq.worker"
+
+
+def test_logged_values_are_capped() -> None:
+    """A 1 MB value (an invalid job payload, say) is logged as its head and a count, not as a 1 MB line."""
+    buf = io.StringIO()
+    configure_logging("INFO", json=True, stream=buf)
+    try:
+        big = {"text": "x" * 1_000_000}
+        get_logger("test").error("job.invalid_payload", errors=[{"input": big}], ids=list(range(10_000)))
+    finally:
+        logging.getLogger().handlers.clear()
+        structlog.reset_defaults()
+    (line,) = buf.getvalue().splitlines()
+    assert len(line) < 10_000
+    body = json.loads(line)
+    assert body["errors"][0]["input"]["text"].endswith("[998000 more chars]")
+    assert body["ids"][-1] == "...9950 more items"

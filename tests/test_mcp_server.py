@@ -70,8 +70,8 @@ async def test_submit_wait_and_approve_through_the_mcp_server(
             assert request["tool"] == "wipe"
             decided = structured(await mcp.call_tool("approve_call", {"goal_id": gid, "call_id": call_id}))
             assert decided["first_decision"] is True
-            again = await mcp.call_tool("deny_call", {"goal_id": gid, "call_id": call_id})
-            assert again.is_error and "not found" in str(again.content)  # the first decision wins
+            again = structured(await mcp.call_tool("deny_call", {"goal_id": gid, "call_id": call_id}))
+            assert (again["first_decision"], again["decision"]) == (False, "approved")  # the first decision wins
 
             done = structured(await mcp.call_tool("wait_goal", {"goal_id": gid, "timeout_seconds": 60}))
             assert (done["done"], done["state"]) == (True, "succeeded"), done

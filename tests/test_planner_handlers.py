@@ -152,6 +152,17 @@ async def test_a_large_catalog_is_narrowed_by_the_goals_words_but_any_tool_may_b
     assert "check_refund_eligibility:" in text and "refund_policy:" in text
     assert "lookup_order:" not in text  # ranked below the two refund tools for this goal
     assert (await rt.store.get_goal("g1")).state is GoalState.RUNNING  # lookup_order was accepted
+async def test_a_goal_allowing_an_unknown_tool_fails_without_a_model_call(
+    redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
+) -> None:
+    """allowed_tools naming a tool no worker loaded: the goal fails naming it, and no plan is asked for."""
+    rt = runtime(redis, keys, sdk(fake))
+    await new_goal(rt, allowed_tools=["lookup_order", "nosuchtool"])
+    await plan(rt, PlanJob(goal_id="g1"))
+    goal = await rt.store.get_goal("g1")
+    assert goal.state is GoalState.FAILED and goal.reason is not None
+    assert "nosuchtool" in goal.reason and "lookup_order" in goal.reason  # the unknown one, and what is loaded
+    assert fake.message_requests == []
 
 
 async def test_plan_rerun_makes_no_second_model_call(redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer) -> None:

@@ -51,6 +51,14 @@ async def slow_step(n: int) -> str:
     return f"step {n} done"
 
 
+@kit.tool
+def stuck_step(n: int) -> str:
+    """A synchronous tool blocked far longer than any grace (a blocking call without a timeout of its own)."""
+    _record(f"start {n} {os.getpid()}")
+    time.sleep(float(os.environ.get("TL_STUCK_SECONDS", "90")))
+    return "too late"
+
+
 def _tool_results(req: RecordedRequest) -> int:
     return sum(
         1
@@ -69,11 +77,9 @@ def _script(req: RecordedRequest) -> Reply:
     return tool_reply([("slow_step", {"n": done + 1})])
 
 
-async def _ready_task(client: Client) -> str:
+async def _ready_task(client: Client, tool: str = "slow_step") -> str:
     gid = await client.submit("run three slow steps")
-    spec = TaskSpec(
-        id="t1", title="slow", instructions="call slow_step 1..3", definition_of_done="3 steps", tools=["slow_step"]
-    )
+    spec = TaskSpec(id="t1", title="slow", instructions=f"call {tool} 1..3", definition_of_done="3 steps", tools=[tool])
     await client.store.transition_goal(gid, GoalState.PLANNING)
     await client.store.save_plan(gid, Plan(tasks=[spec]), expected_version=0)
     await client.store.transition_goal(gid, GoalState.RUNNING)
@@ -198,3 +204,44 @@ async def test_a_job_cancelled_at_the_end_of_the_grace_releases_its_lease_at_onc
     assert "end 1" not in (tmp_path / "tool.txt").read_text()  # the tool was stopped with its job
     resumed = AttemptStore(redis, keys, gid, "t1", 1)
     assert await resumed.acquire("another-executor", 60)  # not held: taken over at once
+
+
+async def test_a_stuck_sync_tool_does_not_keep_the_worker_past_its_grace(
+    redis: ArqRedis, keys: Keys, subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGTERM while a sync tool blocks its thread for 90 s: the worker exits 0 soon after its 2 s grace,
+    not when the thread returns (the thread is a daemon, abandoned at exit)."""
+    counter = tmp_path / "tool.txt"
+    with FakeAnthropicServer() as fake:
+        fake.respond_with(lambda req: tool_reply([("stuck_step", {"n": 1})]))
+        env = fake_model_env(
+            subprocess_env,
+            fake.base_url,
+            counter,
+            TASKLOOM_TOOLS="test_shutdown:kit",
+            TASKLOOM_SHUTDOWN_GRACE="2",
+            TASKLOOM_TOOL_TIMEOUT="300",
+            TL_STUCK_SECONDS="90",
+        )
+        client = Client(redis, keys, default_budget_tokens=100_000)
+        gid = await _ready_task(client, tool="stuck_step")
+        await client.jobs.enqueue(ExecuteJob(goal_id=gid, task_id="t1", attempt=1))
+        worker = _spawn(env, tmp_path / "worker.log")
+        try:
+
+            async def stuck() -> bool:
+                return counter.exists() and "start 1" in counter.read_text()
+
+            await eventually(stuck, timeout=60)
+            worker.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            code = worker.wait(60)  # without the fix: ~90 s, the thread's sleep
+            took = time.monotonic() - signalled
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    log = (tmp_path / "worker.log").read_text()
+    assert code == 0, log[-3000:]
+    assert took < 30, f"exit took {took:.1f} s after SIGTERM with a 2 s grace"
+    assert '"worker.stopped"' in log
