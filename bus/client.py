@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 import time
@@ -17,8 +16,9 @@ from arq.connections import ArqRedis
 from arq.constants import result_key_prefix
 from pydantic import BaseModel, ConfigDict
 
+from .approvals import AlreadyDecided, ApprovalBook, PendingApproval
 from .connection import connect
-from .events import CorruptRecord, EventLog, first_error
+from .events import EventLog
 from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
 from .keys import Keys
 from .ledger import Ledger
@@ -66,6 +66,7 @@ class Client:
         self.jobs = Jobs(redis, keys)
         self.ledger = Ledger(redis, keys)
         self.tenants = Tenants(redis, keys)
+        self.approval_book = ApprovalBook(redis, keys, events_maxlen)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -227,43 +228,45 @@ class Client:
     async def approvals(self, goal_id: str) -> dict[str, dict[str, Any]]:
         """Tool calls of this goal waiting for a person's decision, by call id."""
         await self.get(goal_id)
-        key = self.keys.approval_requests(goal_id)
-        raw = await self.redis.hgetall(key)  # type: ignore[misc]
-        try:
-            return {_s(k): dict(json.loads(v)) for k, v in raw.items()}
-        except (ValueError, TypeError) as exc:
-            raise CorruptRecord("approval request", key, first_error(exc)) from None
+        return await self.approval_book.requests(goal_id)
 
     async def decision(self, goal_id: str, call_id: str) -> str | None:
         """The decision recorded for a tool call: "approved", "denied:<reason>", or None if undecided."""
-        raw = await self.redis.hget(self.keys.approvals(goal_id), call_id)  # type: ignore[misc]
-        return None if raw is None else _s(raw)
+        return await self.approval_book.decision(goal_id, call_id)
 
-    async def decide(self, goal_id: str, call_id: str, approved: bool, reason: str = "") -> bool:
+    async def pending_approvals(self, limit: int = 100, goal_id: str | None = None) -> list[PendingApproval]:
+        """Tool calls waiting for a decision across every goal that has not ended, oldest first."""
+        return await self.approval_book.pending(limit, goal_id)
+
+    async def decide(self, goal_id: str, call_id: str, approved: bool, reason: str = "", by: str | None = None) -> bool:
         """Approve or deny a tool call awaiting approval, and resume its task.
 
-        The first decision wins (a second one returns False and changes nothing). A denial reaches
-        the model as an `ERROR` observation carrying `reason`.
+        The first decision wins: a later one raises `AlreadyDecided` (a `NotFound`: the request is
+        gone), or returns False if two decisions race, and changes nothing. A denial reaches
+        the model as an `ERROR` observation carrying `reason`. `by` (who decided: an API token's
+        name, a user) is recorded in the `tool.approval_decided` audit event.
         """
-        requests = await self.approvals(goal_id)
-        if call_id not in requests:
-            if await self.decision(goal_id, call_id) is not None:
-                return False  # decided before (the request is removed once decided)
+        self._check_id(goal_id)
+        requests = await self.approval_book.requests(goal_id)
+        req = requests.get(call_id)
+        if req is None:
+            await self.get(goal_id)  # an unknown goal is named as such
+            decided = await self.approval_book.decision(goal_id, call_id)
+            if decided is not None:
+                raise AlreadyDecided(goal_id, call_id, decided)
             raise NotFound("approval request", f"{goal_id}/{call_id}")
-        req = requests[call_id]
         decision = "approved" if approved else f"denied:{reason}"
-        first = await self.redis.hsetnx(self.keys.approvals(goal_id), call_id, decision)  # type: ignore[misc]
-        if not first:
-            return False
-        await self.redis.hdel(self.keys.approval_requests(goal_id), call_id)  # type: ignore[misc]
-        await self.log.emit(
-            Event(
-                type="tool.approval_decided",
-                goal_id=goal_id,
-                task_id=req["task_id"],
-                data={"call_id": call_id, "approved": approved, "reason": reason},
-            )
+        event = Event(
+            type="tool.approval_decided",
+            goal_id=goal_id,
+            task_id=req["task_id"],
+            data={"call_id": call_id, "approved": approved, "reason": reason, "by": by},
         )
+        outcome = await self.approval_book.decide(goal_id, call_id, decision, event)
+        if outcome == "decided":
+            return False
+        if outcome == "missing":
+            raise NotFound("approval request", f"{goal_id}/{call_id}")
         # A new job id per decision: the attempt resumes from its stored steps.
         await self.jobs.enqueue(
             ExecuteJob(goal_id=goal_id, task_id=req["task_id"], attempt=req["attempt"], resume=int(time.time() * 1000))

@@ -30,6 +30,10 @@ from typing import IO
 import redis
 from arq.connections import ArqRedis, RedisSettings, create_pool
 
+# What a call raises when Redis cannot be reached or does not answer in time (for callers outside
+# bus/ that must tell "Redis is away" from a bug without importing redis themselves).
+UNREACHABLE: tuple[type[Exception], ...] = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
 
 class EmbeddedRedisError(RuntimeError):
     """The embedded redis-server could not be started; the message says why and where to look."""

@@ -93,6 +93,14 @@ class Keys:
         """Hash: `tool:args digest` -> the side-effecting call's record, across the task's attempts."""
         return f"{self.prefix}goal:{goal_id}:effects:{task_id}"
 
+    def approvals_pending(self) -> str:
+        """Sorted set of `goal_id call_id` awaiting a decision, by request time (the approvals inbox)."""
+        return f"{self.prefix}approvals:pending"
+
+    def api_endpoints(self) -> str:
+        """Sorted set of running API processes' console URLs by heartbeat expiry (ms)."""
+        return f"{self.prefix}api:endpoints"
+
     def global_events(self) -> str:
         return f"{self.prefix}events"
 

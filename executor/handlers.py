@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import time
@@ -15,6 +14,7 @@ from collections.abc import Callable
 
 import structlog
 
+from bus.approvals import ApprovalBook
 from bus.effects import SideEffects
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
@@ -40,26 +40,21 @@ HOLDER = f"{socket.gethostname()}:{os.getpid()}"
 
 class RedisApprovals(Approvals):
     def __init__(self, rt: Runtime, goal_id: str) -> None:
-        self.rt = rt
+        self.book = ApprovalBook(rt.redis, rt.keys, rt.events.maxlen)
         self.goal_id = goal_id
 
     async def decision(self, call_id: str) -> str | None:
-        raw = await self.rt.redis.hget(self.rt.keys.approvals(self.goal_id), call_id)  # type: ignore[misc]
-        return None if raw is None else (raw.decode() if isinstance(raw, bytes) else str(raw))
+        return await self.book.decision(self.goal_id, call_id)
 
     async def request(self, call: ToolUseBlock, ctx: ToolContext) -> None:
-        body = {"task_id": ctx.task_id, "attempt": ctx.attempt, "tool": call.name, "input": call.input}
-        await self.rt.redis.hset(  # type: ignore[misc]
-            self.rt.keys.approval_requests(self.goal_id), call.id, json.dumps(body, default=str)
+        event = Event(
+            type="tool.approval_requested",
+            goal_id=self.goal_id,
+            task_id=ctx.task_id,
+            data={"call_id": call.id, "tool": call.name, "args_digest": digest(call.input)},
         )
-        await self.rt.events.emit(
-            Event(
-                type="tool.approval_requested",
-                goal_id=self.goal_id,
-                task_id=ctx.task_id,
-                data={"call_id": call.id, "tool": call.name, "args_digest": digest(call.input)},
-            )
-        )
+        # One script: the request, the cross-goal inbox entry and the event (only the first time).
+        await self.book.request(self.goal_id, call.id, ctx.task_id, ctx.attempt, call.name, dict(call.input), event)
 
 
 async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback: str | None) -> TaskInput:

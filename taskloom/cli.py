@@ -37,6 +37,7 @@ try:  # typer >= 0.22 vendors click; its usage errors are these classes, not the
 except ImportError:  # pragma: no cover - older typer on the real click
     from click import exceptions as cli_errors  # type: ignore[no-redef]
 
+from bus.approvals import AlreadyDecided
 from bus.client import Client, GoalStatus, WaitTimeout
 from bus.connection import EmbeddedRedisError
 from bus.keys import ROLES
@@ -789,9 +790,22 @@ def deny(
     _decide(goal_id, call_id, False, reason, as_json)
 
 
+def _who() -> str:
+    """Who decides from this shell, for the audit event (as an API decision records its token's name)."""
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # a container user with no passwd entry and no USER variable
+        return "cli"
+
+
 def _decide(goal_id: str, call_id: str, approved: bool, reason: str, as_json: bool) -> None:
     async def go(c: Client) -> tuple[bool, str | None]:
-        first = await c.decide(goal_id, call_id, approved, reason)
+        try:
+            first = await c.decide(goal_id, call_id, approved, reason, by=_who())
+        except AlreadyDecided as exc:  # idempotent: the first decision stands
+            return False, exc.decision
         return first, await c.decision(goal_id, call_id)
 
     first, decision = _with_client(go)
@@ -805,6 +819,80 @@ def _decide(goal_id: str, call_id: str, approved: bool, reason: str, as_json: bo
         show(f"{call_id} {verb}")
     else:  # idempotent, as a second `kubectl apply` is; the first decision stands
         show(f"{call_id} was already {before}; nothing changed")
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (0: any free port)", min=0, max=65535)] = 8700,
+    open_: Annotated[
+        bool, typer.Option("--open", help="loopback only: print a one-time token with every scope, and the URL")
+    ] = False,
+    insecure_local: Annotated[
+        bool, typer.Option("--insecure-local", help="no tokens at all (every caller has every scope); loopback only")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR", callback=_log_level)] = "INFO",
+) -> None:
+    """Serve the HTTP API and the web console (needs the `api` extra: pip install 'taskloom[api]')."""
+    try:
+        from .api.app import ApiConfig
+        from .api.auth import TokenBook, TokenConfigError, load_tokens, new_token
+        from .api.server import ApiStartError, bind, is_loopback, public_url, serve
+    except ImportError as exc:
+        _fail(EXIT_INVALID, f"the API needs the `api` extra: pip install 'taskloom[api]' ({exc})")
+    settings = _settings()
+    if (open_ or insecure_local) and not is_loopback(host):
+        flag = "--open" if open_ else "--insecure-local"
+        _fail(EXIT_INVALID, f"{flag} serves on loopback only; --host {host} is not a loopback address")
+    try:
+        book = TokenBook(load_tokens(settings.api_tokens, settings.api_tokens_file))
+    except TokenConfigError as exc:
+        _fail(EXIT_INVALID, str(exc))
+    one_time = None
+    if open_:
+        one_time = new_token()  # lives in this process only: it stops working when the process stops
+        book.add("console", ("admin",), one_time)
+    if not book.tokens and not insecure_local:
+        _fail(
+            EXIT_INVALID,
+            "no API tokens: set TASKLOOM_API_TOKENS or TASKLOOM_API_TOKENS_FILE (make one with "
+            "`taskloom api-token NAME --scope read`), or use --open or --insecure-local on loopback",
+        )
+    try:
+        sock = bind(host, port)
+    except ApiStartError as exc:
+        _fail(EXIT_INVALID, str(exc))
+    url = public_url(settings, host, sock.getsockname()[1])
+    from .logs import configure_logging
+
+    configure_logging(log_level)
+    config = ApiConfig(tokens=book, insecure_local=insecure_local, max_body=settings.api_max_body)
+    # One line each, on stdout, before serving: scripts and tests read them.
+    sys.stdout.write(f"console: {url}\n")
+    if one_time is not None:
+        sys.stdout.write(f"token: {one_time}\nopen: {url}#token={one_time}\n")
+    sys.stdout.flush()
+    _guarded(lambda: _arun(serve(settings, sock, config, url)))
+
+
+@app.command("api-token")
+def api_token(
+    name: Annotated[str, typer.Argument(help="who holds it; recorded in audit events (approvals)")],
+    scope: Annotated[
+        list[str] | None, typer.Option("--scope", help="read | submit | approve | admin (repeatable; default read)")
+    ] = None,
+) -> None:
+    """Make a new API token: prints the token (give it to the caller) and its hashed entry (for the server)."""
+    from .api.auth import SCOPES, TokenConfigError, entry_for, new_token, parse_tokens
+
+    scopes = scope or ["read"]
+    token = new_token()
+    entry = entry_for(name, scopes, token)
+    try:
+        parse_tokens(entry, "the new token")
+    except TokenConfigError as exc:
+        _fail(EXIT_INVALID, f"{exc} (scopes: {', '.join(SCOPES)}; names: letters, digits, _ . @ -)")
+    sys.stdout.write(f"token: {token}\nentry: {entry}\n")
 
 
 @app.command()

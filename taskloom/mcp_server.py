@@ -64,6 +64,18 @@ def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) ->
         except ValueError as exc:
             raise ToolError(str(exc)) from None
 
+    async def decide(goal_id: str, call_id: str, approved: bool, reason: str) -> tuple[bool, str | None]:
+        """Decide once; a repeat changes nothing and reports the decision that stands."""
+        try:
+            first = await guarded(client.decide(goal_id, call_id, approved, reason, by="mcp"))
+        except ToolError:
+            decided = await client.decision(goal_id, call_id)
+            if decided is None:
+                raise
+            return False, decided.split(":", 1)[0]
+        decided = await client.decision(goal_id, call_id)
+        return first, decided.split(":", 1)[0] if decided else None
+
     @server.tool(annotations=READ)
     async def goal_status(goal_id: str) -> dict[str, Any]:
         """A goal's state, answer or reason, plan version, every task's state, and the tool calls
@@ -146,15 +158,13 @@ def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) ->
     @server.tool(annotations=DESTRUCTIVE.model_copy(update={"title": "Approve a tool call"}), meta=APPROVAL_META)
     async def approve_call(goal_id: str, call_id: str) -> dict[str, Any]:
         """APPROVAL: let a tool call that awaits a person's approval run (see goal_status 'approvals')."""
-        first = await guarded(client.decide(goal_id, call_id, True))
-        decision = await guarded(client.decision(goal_id, call_id))  # the first decision stands
+        first, decision = await decide(goal_id, call_id, True, "")
         return {"goal_id": goal_id, "call_id": call_id, "approved": True, "first_decision": first, "decision": decision}
 
     @server.tool(annotations=DESTRUCTIVE.model_copy(update={"title": "Deny a tool call"}), meta=APPROVAL_META)
     async def deny_call(goal_id: str, call_id: str, reason: str = "denied by an operator") -> dict[str, Any]:
         """APPROVAL: refuse a tool call that awaits approval; the agent sees an ERROR with `reason`."""
-        first = await guarded(client.decide(goal_id, call_id, False, reason))
-        decision = await guarded(client.decision(goal_id, call_id))
+        first, decision = await decide(goal_id, call_id, False, reason)
         return {
             "goal_id": goal_id,
             "call_id": call_id,

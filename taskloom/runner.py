@@ -18,6 +18,7 @@ from rich.tree import Tree
 
 from bus.client import Client, GoalStatus
 from bus.connection import connect
+from bus.consoles import console_url
 from bus.keys import ROLES
 from bus.ledger import Ledger, LedgerNotFound, LedgerSnapshot
 from bus.schemas import Goal, GoalRecord, TaskState
@@ -157,6 +158,10 @@ async def run_goal(
         try:
             goal_id = await client.submit(goal)
             console.print(line("goal ", (goal_id, "bold"), ": ", goal.text), highlight=False, soft_wrap=True)
+            # An API process on this Redis (`taskloom api`) registers its console: point at the goal there.
+            url = await console_url(redis, client.keys)
+            if url:
+                console.print(line("console: ", f"{url}#/goals/{goal_id}"), highlight=False, soft_wrap=True)
             record = await follow(client, goal_id, console, timeout, workers, None if local else warn)
             try:
                 books: LedgerSnapshot | None = await Ledger(redis, client.keys).snapshot(goal_id)

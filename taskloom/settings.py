@@ -147,6 +147,17 @@ class Settings(BaseSettings):
     # before the other settings, so that it works even when they are invalid).
     debug: bool = Field(default=False, description="print tracebacks of unexpected errors")
 
+    # HTTP API and console (`taskloom api`, taskloom/api/). Tokens: NAME:SCOPE+SCOPE:SHA256HEX entries.
+    api_tokens: str = Field(default="", description="API tokens (hashed entries), comma- or newline-separated")
+    api_tokens_file: Path | None = Field(default=None, description="file of API token entries, one per line")
+    api_max_body: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024, description="largest body, bytes")
+    api_public_url: str | None = Field(default=None, description="console URL to advertise; unset: from --host/--port")
+
+    @field_validator("api_tokens_file", "api_public_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v: object) -> object:
+        return None if v == "" else v
+
     @field_validator("redis_url")
     @classmethod
     def _check_url(cls, v: str | None) -> str | None:

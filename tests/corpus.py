@@ -549,7 +549,7 @@ CASES: list[Case] = [
         "tools-duplicate-names",
         ("worker", "all", "--burst"),
         2,
-        ("echo", "two toolkits"),
+        ("echo", "toolkit 'twin'", "toolkit 'good'"),
         env=env(tools="good_kit:kit,twin_kit:kit"),
     ),
     Case("tools-good-kit-loads", ("worker", "all", "--burst"), 0, env=env(tools="good_kit:kit")),

@@ -125,7 +125,7 @@ async def test_a_goal_on_mcp_tools_only_with_approval_audit_and_crash_safety(
             async def refunding() -> bool:
                 return any(line["tool"] == "issue_refund" for line in mcp_log(pay_log))
 
-            await eventually(refunding, timeout=30, every=0.05)
+            await eventually(refunding, timeout=120, every=0.05)
             executor = next(w for w in workers if w.role == "executor")
             executor.proc.send_signal(signal.SIGKILL)  # mid-call: the server is still working on it
             executor.proc.wait(10)

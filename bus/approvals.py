@@ -1,0 +1,191 @@
+"""Tool calls awaiting a person's decision: requests, decisions, and one inbox across all goals.
+
+Per goal (keys from `bus.keys`): `approval-requests` (hash: call id -> what awaits approval, JSON)
+and `approvals` (hash: call id -> `approved` | `denied:<reason>`). Across goals: `approvals:pending`,
+a sorted set of `<goal id> <call id>` by request time, so an inbox can list every pending call
+without scanning goals. A request and a decision are each one Lua script that writes the hashes,
+the inbox and the audit event together, so the inbox never disagrees with the requests.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
+
+from . import events as ev
+from .keys import Keys
+from .schemas import GOAL_TERMINAL, Event, GoalState
+from .store import NotFound
+
+# KEYS: requests hash, decisions hash, inbox, goal stream, global stream
+# ARGV: call id, request JSON, inbox member, now (ms), event JSON, maxlen
+# Returns 1 if the request is new, 0 if it was already pending or already decided (nothing written):
+# an executor resumed while the call still waits asks again, and must not add a second event.
+_REQUEST = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', tonumber(ARGV[6]) * 10, '*', 'e', ARGV[5])
+return 1
+"""
+
+# KEYS: requests hash, decisions hash, inbox, goal stream, global stream
+# ARGV: call id, decision, inbox member, event JSON, maxlen
+# Returns 'ok' | 'decided' (an earlier decision stands; nothing written) | 'missing'
+_DECIDE = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 'decided' end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 'missing' end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[3])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[4])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', tonumber(ARGV[5]) * 10, '*', 'e', ARGV[4])
+return 'ok'
+"""
+
+
+class AlreadyDecided(NotFound):
+    """The call was decided before: its request is gone and the first decision stands."""
+
+    def __init__(self, goal_id: str, call_id: str, decision: str) -> None:
+        super().__init__("pending approval request", f"{goal_id}/{call_id}")
+        verdict = decision.split(":", 1)[0]
+        self.args = (f"pending approval request '{goal_id}/{call_id}' not found: it was already decided ({verdict})",)
+        self.goal_id = goal_id
+        self.call_id = call_id
+        self.decision = decision
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.goal_id, self.call_id, self.decision))
+
+
+class PendingApproval(BaseModel):
+    """One tool call waiting for a person: which goal and task asked, for which tool, with what."""
+
+    model_config = ConfigDict(frozen=True)
+
+    goal_id: str
+    call_id: str
+    task_id: str
+    attempt: int
+    tool: str
+    arguments: dict[str, Any] = Field(description="the arguments the model wrote, as it wrote them")
+    requested_at: float = Field(description="when the call asked (Unix seconds)")
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def member(goal_id: str, call_id: str) -> str:
+    # Goal ids never contain a space (GOAL_ID_PATTERN), so the first space splits the two.
+    return f"{goal_id} {call_id}"
+
+
+class ApprovalBook:
+    def __init__(self, redis: Redis, keys: Keys, events_maxlen: int = 10_000) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.maxlen = events_maxlen
+        self._request = redis.register_script(_REQUEST)
+        self._decide = redis.register_script(_DECIDE)
+
+    def _keys(self, goal_id: str) -> list[str]:
+        return [
+            self.keys.approval_requests(goal_id),
+            self.keys.approvals(goal_id),
+            self.keys.approvals_pending(),
+            self.keys.goal_events(goal_id),
+            self.keys.global_events(),
+        ]
+
+    async def request(
+        self, goal_id: str, call_id: str, task_id: str, attempt: int, tool: str, arguments: dict[str, Any], event: Event
+    ) -> bool:
+        """Record that a call awaits approval, put it in the inbox and emit `event`. False if already there."""
+        body = json.dumps(
+            {"task_id": task_id, "attempt": attempt, "tool": tool, "input": arguments, "at": time.time()}, default=str
+        )
+        now_ms = int(time.time() * 1000)
+        out = await self._request(
+            keys=self._keys(goal_id),
+            args=[call_id, body, member(goal_id, call_id), now_ms, ev.encode(event), self.maxlen],
+        )
+        return bool(out)
+
+    async def decision(self, goal_id: str, call_id: str) -> str | None:
+        raw = await self.redis.hget(self.keys.approvals(goal_id), call_id)  # type: ignore[misc]
+        return None if raw is None else _s(raw)
+
+    async def requests(self, goal_id: str) -> dict[str, dict[str, Any]]:
+        """The goal's calls awaiting a decision, by call id."""
+        key = self.keys.approval_requests(goal_id)
+        raw = await self.redis.hgetall(key)  # type: ignore[misc]
+        try:
+            return {_s(k): dict(json.loads(v)) for k, v in raw.items()}
+        except (ValueError, TypeError) as exc:
+            raise ev.CorruptRecord("approval request", key, ev.first_error(exc)) from None
+
+    async def decide(self, goal_id: str, call_id: str, decision: str, event: Event) -> str:
+        """Store the decision, take the call out of the inbox and emit `event`, in one step.
+
+        Returns `ok`, `decided` (the first decision stands; nothing written) or `missing`.
+        """
+        out = await self._decide(
+            keys=self._keys(goal_id),
+            args=[call_id, decision, member(goal_id, call_id), ev.encode(event), self.maxlen],
+        )
+        return _s(out)
+
+    async def pending(self, limit: int = 100, goal_id: str | None = None) -> list[PendingApproval]:
+        """Calls awaiting a decision across every goal (or one), oldest first.
+
+        Entries whose goal has ended (a cancelled goal's calls will never run) or whose request is
+        gone are dropped from the inbox as they are found: such an entry can never become pending
+        again, because a call id is decided once and a goal never leaves a terminal state.
+        """
+        rows = await self.redis.zrange(self.keys.approvals_pending(), 0, -1, withscores=True)
+        entries = [(_s(m), score) for m, score in rows]
+        if goal_id is not None:
+            entries = [(m, s) for m, s in entries if m.split(" ", 1)[0] == goal_id]
+        out: list[PendingApproval] = []
+        stale: list[str] = []
+        for start in range(0, len(entries), 200):
+            chunk = entries[start : start + 200]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for m, _ in chunk:
+                    gid, _, cid = m.partition(" ")
+                    pipe.hget(self.keys.approval_requests(gid), cid)
+                    pipe.hget(self.keys.goal(gid), "state")
+                replies = await pipe.execute()
+            for i, (m, score) in enumerate(chunk):
+                raw, state = replies[2 * i], replies[2 * i + 1]
+                if raw is None or state is None or GoalState(_s(state)) in GOAL_TERMINAL:
+                    stale.append(m)
+                    continue
+                if len(out) >= limit:
+                    continue
+                gid, _, cid = m.partition(" ")
+                body = json.loads(raw)
+                out.append(
+                    PendingApproval(
+                        goal_id=gid,
+                        call_id=cid,
+                        task_id=body["task_id"],
+                        attempt=int(body["attempt"]),
+                        tool=body["tool"],
+                        arguments=body.get("input") or {},
+                        requested_at=float(body.get("at") or score / 1000),
+                    )
+                )
+        if stale:
+            await self.redis.zrem(self.keys.approvals_pending(), *stale)
+        return out

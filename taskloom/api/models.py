@@ -1,0 +1,177 @@
+"""Every shape the HTTP API sends or accepts (the OpenAPI document is generated from these)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bus.schemas import GoalRecord, GoalState, StoredPlan, TaskRecord, TaskStopReason
+from llm.types import Usage
+
+Scope = Literal["read", "submit", "approve", "admin"]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ErrorDetail(_Out):
+    type: str = Field(
+        description="invalid_request, unauthorized, forbidden, not_found, conflict, payload_too_large, ..."
+    )
+    message: str = Field(description="what is wrong, in a sentence")
+    field: str | None = Field(default=None, description="the input field at fault (dotted path), if any")
+
+
+class ErrorBody(_Out):
+    error: ErrorDetail
+
+
+class Submitted(_Out):
+    goal_id: str
+    created: bool = Field(description="false when an earlier request with the same Idempotency-Key stored it")
+
+
+class GoalSummary(_Out):
+    """One row of the goals table."""
+
+    id: str
+    text: str
+    state: GoalState
+    plan_version: int
+    tasks_total: int
+    tasks_done: int
+    budget_tokens: int
+    spent_tokens: int
+    reserved_tokens: int
+    created_at: datetime
+    updated_at: datetime
+    reason: str | None
+
+
+class GoalList(_Out):
+    goals: list[GoalSummary]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null: no more goals")
+
+
+class GoalStatusOut(_Out):
+    goal: GoalRecord
+    plan: StoredPlan | None
+    tasks: list[TaskRecord]
+
+
+class PlanTask(_Out):
+    id: str
+    title: str
+    state: str
+    depends_on: list[str]
+    tools: list[str]
+    definition_of_done: str
+
+
+class PlanEdge(_Out):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    source: str = Field(alias="from")
+    to: str
+
+
+class PlanOut(_Out):
+    """The DAG of one plan version with each task's state, as JSON and as a Mermaid flowchart."""
+
+    goal_id: str
+    version: int
+    reason: str
+    tasks: list[PlanTask]
+    edges: list[PlanEdge]
+    order: list[str] | None
+    cycle: list[str] | None
+    ready: list[str]
+    mermaid: str
+
+
+class Verdict(_Out):
+    passed: bool
+    action: str
+    feedback: str
+
+
+class AttemptOut(_Out):
+    attempt: int
+    answer: str
+    stop_reason: TaskStopReason
+    steps: int
+    tool_calls: int
+    usage: Usage
+    created_at: datetime
+    verdict: Verdict | None = Field(description="the critic's verdict on this attempt, once given")
+
+
+class TaskAttempts(_Out):
+    task_id: str
+    title: str
+    state: str
+    attempt: int
+    feedback: str | None
+    attempts: list[AttemptOut]
+
+
+class AttemptsOut(_Out):
+    goal_id: str
+    tasks: list[TaskAttempts]
+
+
+class CancelIn(_In):
+    reason: str = Field(default="cancelled through the API", min_length=1, max_length=1000)
+
+
+class Cancelled(_Out):
+    goal_id: str
+    changed: bool = Field(description="false if the goal was already cancelled")
+
+
+class ApprovalOut(_Out):
+    """A tool call waiting for a person, and who asked: the goal and task whose agent wants to call it."""
+
+    goal_id: str
+    goal_text: str
+    task_id: str
+    task_title: str | None
+    attempt: int
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    requested_at: datetime
+
+
+class ApprovalList(_Out):
+    approvals: list[ApprovalOut]
+
+
+class DecisionIn(_In):
+    reason: str = Field(
+        default="", max_length=2000, description="recorded in the audit event; a denial shows it to the model"
+    )
+
+
+class Decided(_Out):
+    goal_id: str
+    call_id: str
+    approved: bool
+    by: str = Field(description="the name of the token that decided (recorded in the audit event)")
+
+
+class Me(_Out):
+    name: str
+    scopes: list[Scope]
+
+
+class Health(_Out):
+    ok: bool
+    reasons: list[str] = Field(default_factory=list)
