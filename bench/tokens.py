@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from bench._harness import DEFAULT_REDIS, FAKE_KEY, FAKE_MODEL, Bench, Responder, bench_redis, goal_text, machine
+from bus.attempts import AttemptStore
 from bus.events import EventLog
 from bus.runtime import Limits
 from bus.schemas import Goal, GoalRecord, TaskSpec
 from executor.gateway import ToolGateway
 from executor.loop import Approvals, Loop, TaskInput
 from executor.registry import load_registry
-from executor.steps import AttemptStore
 from llm.anthropic import AnthropicModel
 from llm.port import ModelPort
 from llm.testing import FakeAnthropicServer

@@ -1,7 +1,8 @@
 """Tool calls awaiting a person's decision: requests, decisions, and one inbox across all goals.
 
-Per goal (keys from `bus.keys`): `approval-requests` (hash: call id -> what awaits approval, JSON)
-and `approvals` (hash: call id -> `approved` | `denied:<reason>`). Across goals: `approvals:pending`,
+Per goal (keys from `bus.keys`): `approval-requests` (hash: call id -> `ApprovalRequest` JSON)
+and `approvals` (hash: call id -> `approved` | `denied:<reason>`; `ApprovalDecision.encode/decode`
+are the only code that writes or parses that form). Across goals: `approvals:pending`,
 a sorted set of `<goal id> <call id>` by request time, so an inbox can list every pending call
 without scanning goals. A request and a decision are each one Lua script that writes the hashes,
 the inbox and the audit event together, so the inbox never disagrees with the requests.
@@ -20,6 +21,9 @@ from . import events as ev
 from .keys import Keys
 from .schemas import GOAL_TERMINAL, Event, GoalState
 from .store import NotFound
+
+_APPROVED = "approved"
+_DENIED = "denied:"
 
 # KEYS: requests hash, decisions hash, inbox, goal stream, global stream
 # ARGV: call id, request JSON, inbox member, now (ms), event JSON, maxlen
@@ -67,6 +71,36 @@ class AlreadyDecided(NotFound):
         return (type(self), (self.goal_id, self.call_id, self.decision))
 
 
+class ApprovalRequest(BaseModel):
+    """What a tool call awaiting approval stores: which task attempt asked, with which tool and input."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    attempt: int
+    tool: str
+    input: dict[str, Any]
+    at: float = Field(description="when the call asked (Unix seconds)")
+
+
+class ApprovalDecision(BaseModel):
+    """A person's answer to one request; a denial's reason reaches the model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    approved: bool
+    reason: str = ""
+
+    def encode(self) -> str:
+        return _APPROVED if self.approved else f"{_DENIED}{self.reason}"
+
+    @classmethod
+    def decode(cls, raw: str) -> ApprovalDecision:
+        if raw == _APPROVED:
+            return cls(approved=True)
+        return cls(approved=False, reason=raw.removeprefix(_DENIED))
+
+
 class PendingApproval(BaseModel):
     """One tool call waiting for a person: which goal and task asked, for which tool, with what."""
 
@@ -111,9 +145,9 @@ class ApprovalBook:
         self, goal_id: str, call_id: str, task_id: str, attempt: int, tool: str, arguments: dict[str, Any], event: Event
     ) -> bool:
         """Record that a call awaits approval, put it in the inbox and emit `event`. False if already there."""
-        body = json.dumps(
-            {"task_id": task_id, "attempt": attempt, "tool": tool, "input": arguments, "at": time.time()}, default=str
-        )
+        # json.dumps(default=str): a tool input the model sent is plain JSON already.
+        request = ApprovalRequest(task_id=task_id, attempt=attempt, tool=tool, input=arguments, at=time.time())
+        body = json.dumps(request.model_dump(mode="json"), default=str)
         now_ms = int(time.time() * 1000)
         out = await self._request(
             keys=self._keys(goal_id),
@@ -122,8 +156,14 @@ class ApprovalBook:
         return bool(out)
 
     async def decision(self, goal_id: str, call_id: str) -> str | None:
+        """The stored form of the call's decision (`ApprovalDecision.encode`), None if undecided."""
         raw = await self.redis.hget(self.keys.approvals(goal_id), call_id)  # type: ignore[misc]
         return None if raw is None else _s(raw)
+
+    async def decided(self, goal_id: str, call_id: str) -> ApprovalDecision | None:
+        """The call's decision as a record, None if undecided."""
+        raw = await self.decision(goal_id, call_id)
+        return None if raw is None else ApprovalDecision.decode(raw)
 
     async def requests(self, goal_id: str) -> dict[str, dict[str, Any]]:
         """The goal's calls awaiting a decision, by call id."""
@@ -133,6 +173,18 @@ class ApprovalBook:
             return {_s(k): dict(json.loads(v)) for k, v in raw.items()}
         except (ValueError, TypeError) as exc:
             raise ev.CorruptRecord("approval request", key, ev.first_error(exc)) from None
+
+    async def waiting_tasks(self, goal_id: str) -> set[str]:
+        """Ids of the goal's tasks with a call awaiting a decision (an unreadable request is skipped:
+        it can never be decided, so nothing waits on it)."""
+        raw = await self.redis.hgetall(self.keys.approval_requests(goal_id))  # type: ignore[misc]
+        waiting: set[str] = set()
+        for value in raw.values():
+            try:
+                waiting.add(str(json.loads(value)["task_id"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return waiting
 
     async def decide(self, goal_id: str, call_id: str, decision: str, event: Event) -> str:
         """Store the decision, take the call out of the inbox and emit `event`, in one step.

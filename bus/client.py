@@ -8,7 +8,6 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from arq.connections import ArqRedis
 from arq.constants import result_key_prefix
 from pydantic import BaseModel, ConfigDict
 
-from .approvals import AlreadyDecided, ApprovalBook, PendingApproval
+from .approvals import AlreadyDecided, ApprovalBook, ApprovalDecision, PendingApproval
 from .connection import connect
 from .events import EventLog
 from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
@@ -255,7 +254,7 @@ class Client:
             if decided is not None:
                 raise AlreadyDecided(goal_id, call_id, decided)
             raise NotFound("approval request", f"{goal_id}/{call_id}")
-        decision = "approved" if approved else f"denied:{reason}"
+        decision = ApprovalDecision(approved=approved, reason=reason).encode()
         event = Event(
             type="tool.approval_decided",
             goal_id=goal_id,
@@ -272,14 +271,6 @@ class Client:
             ExecuteJob(goal_id=goal_id, task_id=req["task_id"], attempt=req["attempt"], resume=int(time.time() * 1000))
         )
         return True
-
-    async def reconcile(self, older_than: float) -> int:
-        """Re-enqueue the planner job of goals still `submitted` after `older_than` seconds."""
-        cutoff = datetime.now(UTC) - timedelta(seconds=older_than)
-        n = 0
-        for gid in await self.store.submitted_before(cutoff):
-            n += await self.jobs.enqueue(PlanJob(goal_id=gid))
-        return n
 
     @staticmethod
     def _check_id(goal_id: str) -> None:

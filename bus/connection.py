@@ -28,7 +28,26 @@ from pathlib import Path
 from typing import IO
 
 import redis
+import redis.asyncio
+import redis.exceptions
 from arq.connections import ArqRedis, RedisSettings, create_pool
+
+# The Redis client and errors under names of ours, for the composition root (which never imports
+# `redis` itself: Redis belongs to `bus`).
+RedisClient = redis.asyncio.Redis
+RedisError = redis.exceptions.RedisError
+RedisUnavailable = redis.exceptions.ConnectionError
+RedisTimeout = redis.exceptions.TimeoutError
+RedisRefused = redis.exceptions.ResponseError  # a command refused (e.g. a key of another type)
+
+
+def plain_client(url: str, timeout: float) -> redis.asyncio.Redis:
+    """A client on `url` that gives up after `timeout` seconds (for probes; no arq pool)."""
+    client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(
+        url, socket_connect_timeout=timeout, socket_timeout=timeout
+    )
+    return client
+
 
 # What a call raises when Redis cannot be reached or does not answer in time (for callers outside
 # bus/ that must tell "Redis is away" from a bug without importing redis themselves).

@@ -8,7 +8,6 @@ change (see `bus.store`), so the stream never disagrees with the state it report
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 from redis.asyncio import Redis
@@ -100,10 +99,3 @@ class EventLog:
         except (ValueError, TypeError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
             raise CorruptRecord("event", key, first_error(exc)) from None
 
-    async def follow(self, goal_id: str | None, after: str | None = None, block_ms: int = 1000) -> AsyncIterator[Event]:
-        """Every event after `after`, then new ones as they come, forever (cancel to stop)."""
-        while True:
-            batch = await self.read(goal_id, after=after, block_ms=block_ms)
-            for event in batch:
-                after = event.position
-                yield event

@@ -117,10 +117,6 @@ PAYLOADS: dict[str, type[JobPayload]] = {
 }
 
 
-def functions_of(role: str) -> list[str]:
-    return [name for name, cls in PAYLOADS.items() if cls.role == role]
-
-
 class Jobs:
     def __init__(self, redis: ArqRedis, keys: Keys) -> None:
         self.redis = redis

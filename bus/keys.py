@@ -55,12 +55,28 @@ class Keys:
         task id)."""
         return f"{self.prefix}goal:{goal_id}:tasks"
 
+    def task(self, goal_id: str, task_id: str) -> str:
+        """Hash of one task record (a Lua script derives it as `task_prefix(goal) .. task_id`)."""
+        return f"{self.task_prefix(goal_id)}{task_id}"
+
+    def task_prefix(self, goal_id: str) -> str:
+        return f"{self.tasks(goal_id)}:"
+
+    def task_ids(self, goal_id: str) -> str:
+        """Set of the goal's task ids."""
+        return f"{self.tasks(goal_id)}:ids"
+
     def plan(self, goal_id: str, version: int) -> str:
         return f"{self.prefix}goal:{goal_id}:plan:{version}"
 
     def results(self, goal_id: str) -> str:
-        """Hash: `task_id:attempt` -> TaskResult JSON."""
+        """Hash: `result_field(task_id, attempt)` -> TaskResult JSON."""
         return f"{self.prefix}goal:{goal_id}:results"
+
+    @staticmethod
+    def result_field(task_id: str, attempt: int) -> str:
+        """A result's field in `results(goal)`: `task_id:attempt`."""
+        return f"{task_id}:{attempt}"
 
     def goal_events(self, goal_id: str) -> str:
         return f"{self.prefix}goal:{goal_id}:events"
@@ -70,7 +86,9 @@ class Keys:
         return f"{self.prefix}goals"
 
     def submitted_index(self) -> str:
-        """Sorted set of goals not yet picked up by a planner, by submission time (reconciler)."""
+        """Sorted set of goals not yet picked up by a planner, by submission time. Still kept up to
+        date by the store's scripts, but read by nothing since the supervisor (planner.supervise)
+        replaced the reconciler; kept so that the data layout stays as it was."""
         return f"{self.prefix}goals:submitted"
 
     def active_index(self) -> str:
@@ -117,7 +135,8 @@ class Keys:
         return f"{self.prefix}ledger:expiry"
 
     def pool(self, name: str) -> str:
-        """A parent budget pool (per tenant, per day) that goals draw from."""
+        """A parent budget pool (per tenant, per day) that goals draw from; the ledger's scripts derive
+        the same key as `pool_prefix() .. name`."""
         return f"{self.pool_prefix()}{name}"
 
     def pool_prefix(self) -> str:
@@ -155,14 +174,37 @@ class Keys:
         """Base of one task attempt's keys: `:steps` (list), `:pending` (hash), `:lease` (hash)."""
         return f"{self.prefix}goal:{goal_id}:attempt:{task_id}:{attempt}"
 
+    def attempt_lease(self, goal_id: str, task_id: str, attempt: int) -> str:
+        """Hash: epoch, holder, expires_ms, started_ms of the attempt's lease (bus.attempts)."""
+        return f"{self.attempt(goal_id, task_id, attempt)}:lease"
+
+    def attempt_steps(self, goal_id: str, task_id: str, attempt: int) -> str:
+        """List of the attempt's completed StepRecord JSON, in order."""
+        return f"{self.attempt(goal_id, task_id, attempt)}:steps"
+
+    def attempt_pending(self, goal_id: str, task_id: str, attempt: int) -> str:
+        """Hash: the step in progress (`turn`, `started:<call>`, `result:<call>`)."""
+        return f"{self.attempt(goal_id, task_id, attempt)}:pending"
+
     def leases(self) -> str:
-        """Sorted set of running attempts by lease expiry; the executors' watchdog reads it."""
+        """Sorted set of running attempts (`lease_member`) by lease expiry; the executors' watchdog
+        reads it."""
         return f"{self.prefix}leases"
 
+    @staticmethod
+    def lease_member(goal_id: str, task_id: str, attempt: int) -> str:
+        """An attempt's member in `leases()`: `goal|task|attempt`."""
+        return f"{goal_id}|{task_id}|{attempt}"
+
+    @staticmethod
+    def parse_lease_member(member: str) -> tuple[str, str, int]:
+        goal_id, task_id, attempt = member.split("|")
+        return goal_id, task_id, int(attempt)
+
     def approvals(self, goal_id: str) -> str:
-        """Hash: tool call id -> decision (`approved` or `denied:<reason>`)."""
+        """Hash: tool call id -> decision (`approved` or `denied:<reason>`, see bus.approvals)."""
         return f"{self.prefix}goal:{goal_id}:approvals"
 
     def approval_requests(self, goal_id: str) -> str:
-        """Hash: tool call id -> what awaits approval (JSON)."""
+        """Hash: tool call id -> ApprovalRequest JSON (bus.approvals)."""
         return f"{self.prefix}goal:{goal_id}:approval-requests"

@@ -773,7 +773,7 @@ class Ledger:
 
     async def pool_snapshot(self, name: str) -> LedgerSnapshot | None:
         """A pool's books (None if no goal has used it yet)."""
-        h = await self._read(self._pool_prefix + name)
+        h = await self._read(self.keys.pool(name))
         return LedgerSnapshot.from_hash(name, h) if "budget" in h else None
 
     async def _read(self, key: str) -> dict[str, str]:

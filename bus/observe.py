@@ -69,10 +69,6 @@ def install(observer: Observer) -> Observer:
     return previous
 
 
-def current() -> Observer:
-    return _current
-
-
 def observe(hook: Callable[[Observer], None]) -> None:
     """Call one hook on the installed observer; a failing hook is logged, never raised."""
     try:

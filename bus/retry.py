@@ -119,3 +119,14 @@ class TroubleClock:
 
     async def succeeded(self, goal_id: str) -> None:
         await self.redis.delete(self.keys.provider_trouble(goal_id))
+
+
+async def count_job_error(redis: Redis, keys: Keys, job_id: str) -> int:
+    """Count one unexpected error of a job (kept a day); returns how many it has had. Counted apart
+    from arq's try number, which also counts provider retries and crash re-runs."""
+    key = keys.job_errors(job_id)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.incr(key)
+        pipe.expire(key, 24 * 3600)
+        count, _ = await pipe.execute()
+    return int(count)

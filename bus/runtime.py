@@ -10,6 +10,7 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 from arq.connections import ArqRedis
+from pydantic import BaseModel, ConfigDict, Field
 
 from llm.port import ModelPort
 from llm.types import ToolDef
@@ -17,7 +18,7 @@ from llm.types import ToolDef
 from .events import EventLog
 from .jobs import Jobs
 from .keys import Keys
-from .ledger import BudgetExhausted, Ledger
+from .ledger import BudgetExhausted
 from .retry import RetryPolicy
 from .schemas import GoalState
 from .store import IllegalTransition, Store
@@ -38,24 +39,39 @@ class ModelSource(Protocol):
     def for_goal(self, goal_id: str) -> ModelPort: ...
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Bounds every role respects; from settings (`TASKLOOM_*`)."""
+class Limits(BaseModel):
+    """Bounds every role respects. Defined once: `taskloom.settings.Settings` inherits these fields,
+    so each is also a `TASKLOOM_*` variable with the same default and range."""
 
-    max_steps: int = 12  # model turns per task attempt
-    task_timeout: float = 300.0  # wall-clock seconds per task attempt
-    model_max_tokens: int = 1024  # max_tokens asked per call (the ledger may clamp it lower)
-    max_task_retries: int = 2  # retries per task before the critic asks for a replan
-    max_replans: int = 2  # replans per goal before it fails
-    max_plan_tasks: int = 20  # tasks per plan
-    max_plan_attempts: int = 3  # invalid plans sent back before the goal fails
-    tool_output_limit: int = 4000  # characters of one observation shown to the model
-    tool_timeout: float = 30.0  # default per-call tool timeout, seconds
-    dependency_result_limit: int = 2000  # characters of each dependency's result in a task's context
-    loop_window: int = 8  # a repeated identical call within this many calls is a loop
-    tool_select_limit: int = 16  # tools offered to the planner / a task at most, chosen by their words (0: all)
-    compact_after_tokens: int = 20_000  # condense older steps once the prompt passes this estimate
-    lease_ttl: float = 15.0  # a dead executor's task is picked up again after about this long
+    model_config = ConfigDict(frozen=True)
+
+    max_steps: int = Field(default=12, ge=1, le=1000, description="model turns per task attempt")
+    task_timeout: float = Field(default=300, gt=0, description="wall-clock limit of one task attempt, s")
+    model_max_tokens: int = Field(
+        default=1024, ge=16, le=64_000, description="max_tokens asked per model call (the ledger may clamp it lower)"
+    )
+    max_task_retries: int = Field(
+        default=2, ge=0, le=20, description="retries per task before the critic asks for a replan"
+    )
+    max_replans: int = Field(default=2, ge=0, le=20, description="replans per goal before it fails")
+    max_plan_tasks: int = Field(default=20, ge=1, le=200, description="tasks per plan")
+    max_plan_attempts: int = Field(default=3, ge=1, le=20, description="invalid plans sent back before the goal fails")
+    tool_output_limit: int = Field(default=4000, ge=100, description="characters of one observation the model sees")
+    tool_timeout: float = Field(default=30, gt=0, description="default seconds per tool call")
+    lease_ttl: float = Field(default=15, ge=1, le=600, description="a dead executor's task resumes after ~this")
+    compact_after_tokens: int = Field(
+        default=20_000, ge=1000, description="condense older observations once a prompt's estimate passes this"
+    )
+    dependency_result_limit: int = Field(default=2000, ge=100, description="characters of each dependency's result")
+    loop_window: int = Field(default=8, ge=1, le=100, description="repeated identical call within this many = loop")
+    # Large catalogs (MCP servers): offer the planner and each task at most this many tools, picked
+    # by the goal's or task's words (`llm.toolselect`); a smaller catalog is offered whole. 0 = all.
+    tool_select_limit: int = Field(default=16, ge=0, le=1000, description="tools offered per goal/task (0 = all)")
+
+    @classmethod
+    def of(cls, source: object) -> Limits:
+        """The limits carried by `source` (the settings, which inherit every field)."""
+        return cls(**{name: getattr(source, name) for name in cls.model_fields})
 
 
 @dataclass(frozen=True)
@@ -66,7 +82,6 @@ class Runtime:
     events: EventLog
     jobs: Jobs
     models: ModelSource | None = None
-    ledger: Ledger | None = None
     limits: Limits = field(default_factory=Limits)
     tool_catalog: tuple[ToolDef, ...] = ()  # every loaded tool, for the planner's prompt (fixed)
     tools: ToolDefinitions | None = None  # or the live catalog the executors use, when set
@@ -89,10 +104,15 @@ class Runtime:
         try:
             return await call
         except BudgetExhausted as exc:
-            log.warning("goal.budget_exhausted", goal_id=goal_id, detail=str(exc))
-            with contextlib.suppress(IllegalTransition):  # it ended another way meanwhile
-                await self.store.transition_goal(goal_id, GoalState.BUDGET_EXHAUSTED, reason=str(exc))
+            await self.budget_exhausted(goal_id, str(exc))
             return None
+
+    async def budget_exhausted(self, goal_id: str, reason: str) -> None:
+        """The one way a goal ends for want of budget (every role comes here): `budget_exhausted`,
+        keeping every accepted result, so that `taskloom resume --budget` can continue it."""
+        log.warning("goal.budget_exhausted", goal_id=goal_id, detail=reason)
+        with contextlib.suppress(IllegalTransition):  # it ended another way meanwhile
+            await self.store.transition_goal(goal_id, GoalState.BUDGET_EXHAUSTED, reason=reason)
 
     async def tool_definitions(self) -> list[ToolDef]:
         """Every tool the planner may assign: the same catalog the executors run from."""

@@ -19,6 +19,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 # Token usage is the model port's own type: one definition for the wire, the ledger and results.
 from llm.types import Usage
 
+from .stops import TaskStop
+
 # Task ids appear in Redis keys, job ids and tool-call idempotency keys: keep them plain.
 TASK_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 GOAL_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -139,6 +141,10 @@ class Plan(_Model):
     tasks: list[TaskSpec] = Field(min_length=1, max_length=200)
     rationale: str = Field(default="", max_length=5_000, description="why this decomposition")
 
+    def task(self, task_id: str) -> TaskSpec | None:
+        """The spec of one task of this plan (None when the plan has no such task)."""
+        return next((t for t in self.tasks if t.id == task_id), None)
+
 
 class StoredPlan(_Model):
     goal_id: GoalId
@@ -180,18 +186,6 @@ class TaskRecord(_Model):
     updated_at: datetime = Field(default_factory=utcnow)
 
 
-TaskStopReason = Literal[
-    "answered",
-    "max_steps",
-    "deadline",
-    "budget_exhausted",
-    "loop_detected",
-    "max_tokens",
-    "refusal",
-    "cancelled",
-    "error",
-]
-
 
 class TaskResult(_Model):
     """What one attempt of a task produced."""
@@ -200,7 +194,7 @@ class TaskResult(_Model):
     task_id: TaskId
     attempt: int = Field(ge=1)
     answer: str = ""
-    stop_reason: TaskStopReason
+    stop_reason: TaskStop  # why the attempt stopped (bus.stops)
     steps: int = Field(default=0, ge=0)
     tool_calls: int = Field(default=0, ge=0)
     usage: Usage = Field(default_factory=Usage)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ from redis.exceptions import ResponseError
 from . import events as ev
 from .keys import Keys
 from .schemas import (
+    GOAL_RESUMABLE,
     GOAL_TERMINAL,
     GOAL_TRANSITIONS,
     RESUME_RESETS,
@@ -154,21 +155,22 @@ return 1
 
 # KEYS: goal hash, plan key, task-id set, goal stream, global stream
 # ARGV: expected current version, plan JSON, updated_at, event JSON, maxlen, task-key prefix,
-#       then task ids. New task ids get a pending task hash; existing ones are left to the caller.
-# Returns {'ok', version} | {'stale', current} | {'missing'}
+#       terminal goal states (comma-separated), then task ids. New task ids get a pending task
+#       hash; existing ones are left to the caller.
+# Returns {'ok', version} | {'stale', current} | {'missing'} | {'ended', state}
 _SAVE_PLAN = """
 local cur = redis.call('HGET', KEYS[1], 'plan_version')
 if not cur then return {'missing'} end
 -- An ended goal takes no new plan (a cancel may land between the planner's read and this write).
 local st = redis.call('HGET', KEYS[1], 'state')
-if st == 'succeeded' or st == 'failed' or st == 'cancelled' or st == 'budget_exhausted' then
-  return {'ended', st}
+for s in string.gmatch(ARGV[7], '[^,]+') do
+  if s == st then return {'ended', st} end
 end
 if cur ~= ARGV[1] then return {'stale', cur} end
 local v = tonumber(cur) + 1
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('HSET', KEYS[1], 'plan_version', tostring(v), 'updated_at', ARGV[3])
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   local tkey = ARGV[6] .. ARGV[i]
   if redis.call('EXISTS', tkey) == 0 then
     redis.call('HSET', tkey, 'state', 'pending', 'attempt', '0', 'plan_version', tostring(v),
@@ -220,14 +222,19 @@ return {'ok', cur, tostring(n)}
 # KEYS: goal hash, task-id set, goal stream, global stream, active index, provider-trouble key,
 #       goal ledger, then arq result keys of the goal-level jobs to forget (their outcome is void).
 # ARGV: updated_at, event JSON (its state is patched in), maxlen, task-key prefix, goal id, now,
-#       new budget ('' = unchanged), task states reset to pending (comma-separated)
+#       new budget ('' = unchanged), task states reset to pending, resumable goal states, terminal
+#       goal states (each comma-separated)
 # Returns {'ok', previous, target, resumes} | {'same', state} | {'illegal', state} | {'missing'}
 #       | {'budget', spent}
 _RESUME = """
 local cur = redis.call('HGET', KEYS[1], 'state')
 if not cur then return {'missing'} end
-if cur ~= 'failed' and cur ~= 'budget_exhausted' then
-  if cur == 'succeeded' or cur == 'cancelled' then return {'illegal', cur} end
+local function listed(csv, state)
+  for s in string.gmatch(csv, '[^,]+') do if s == state then return true end end
+  return false
+end
+if not listed(ARGV[9], cur) then
+  if listed(ARGV[10], cur) then return {'illegal', cur} end
   return {'same', cur}
 end
 if ARGV[7] ~= '' then
@@ -296,10 +303,10 @@ class Store:
         self._resume = redis.register_script(_RESUME)
 
     def _task_key(self, goal_id: str, task_id: str) -> str:
-        return f"{self.keys.tasks(goal_id)}:{task_id}"
+        return self.keys.task(goal_id, task_id)
 
     def _task_ids_key(self, goal_id: str) -> str:
-        return f"{self.keys.tasks(goal_id)}:ids"
+        return self.keys.task_ids(goal_id)
 
     def _streams(self, goal_id: str) -> list[str]:
         return [self.keys.goal_events(goal_id), self.keys.global_events()]
@@ -409,13 +416,6 @@ class Store:
         except IllegalTransition:
             return False  # it ended meanwhile
 
-    async def submitted_before(self, cutoff: datetime, limit: int = 100) -> list[str]:
-        """Ids of goals still `submitted` that were created before `cutoff` (for the reconciler)."""
-        ids = await self.redis.zrangebyscore(
-            self.keys.submitted_index(), "-inf", cutoff.timestamp(), start=0, num=limit
-        )
-        return [_s(i) for i in ids]
-
     async def resume_goal(
         self, goal_id: str, budget_tokens: int | None = None, forget: Sequence[str] = ()
     ) -> GoalState | None:
@@ -440,11 +440,13 @@ class Store:
                 utcnow().isoformat(),
                 ev.encode(event),
                 self.maxlen,
-                f"{self.keys.tasks(goal_id)}:",
+                self.keys.task_prefix(goal_id),
                 goal_id,
                 f"{time.time():.3f}",
                 "" if budget_tokens is None else str(budget_tokens),
                 _csv(s.value for s in RESUME_RESETS),
+                _csv(s.value for s in GOAL_RESUMABLE),
+                _csv(s.value for s in GOAL_TERMINAL),
             ],
         )
         tag = _s(out[0])
@@ -494,15 +496,11 @@ class Store:
                 now,
                 ev.encode(event),
                 self.maxlen,
-                f"{self.keys.tasks(goal_id)}:",
+                self.keys.task_prefix(goal_id),
                 goal_id,
             ],
         )
         return self._outcome(out, f"goal {goal_id}", GoalState.CANCELLED.value)
-
-    async def list_goals(self, limit: int = 50) -> list[str]:
-        ids = await self.redis.zrevrange(self.keys.goal_index(), 0, limit - 1)
-        return [_s(i) for i in ids]
 
     # -- plans --------------------------------------------------------------------------------
     async def save_plan(self, goal_id: str, plan: Plan, expected_version: int, reason: str = "") -> int:
@@ -531,7 +529,8 @@ class Store:
                 utcnow().isoformat(),
                 ev.encode(event),
                 self.maxlen,
-                f"{self.keys.tasks(goal_id)}:",
+                self.keys.task_prefix(goal_id),
+                _csv(s.value for s in GOAL_TERMINAL),
                 *[t.id for t in plan.tasks],
             ],
         )
@@ -655,13 +654,27 @@ class Store:
         return self._outcome(out, f"task {goal_id}/{task_id}", target.value, expected_attempt)
 
     # -- results ------------------------------------------------------------------------------
-    async def save_result(self, result: TaskResult) -> bool:
-        """Store an attempt's result; the first write wins, so a re-run cannot replace it."""
-        field = f"{result.task_id}:{result.attempt}"
-        return bool(await self.redis.hsetnx(self.keys.results(result.goal_id), field, result.model_dump_json()))  # type: ignore[misc]
+    async def latest_results(
+        self,
+        goal_id: str,
+        task_ids: Iterable[str],
+        records: Mapping[str, TaskRecord] | None = None,
+        *,
+        done_only: bool = False,
+    ) -> dict[str, TaskResult | None]:
+        """Each task's result of its current attempt (None: never run, not stored, or, with
+        `done_only`, not accepted); `records` as just read by the caller, else read here."""
+        if records is None:
+            records = await self.get_tasks(goal_id)
+        out: dict[str, TaskResult | None] = {}
+        for tid in task_ids:
+            rec = records.get(tid)
+            usable = rec is not None and rec.attempt >= 1 and (not done_only or rec.state is TaskState.DONE)
+            out[tid] = await self.get_result(goal_id, tid, rec.attempt) if rec is not None and usable else None
+        return out
 
     async def get_result(self, goal_id: str, task_id: str, attempt: int) -> TaskResult | None:
-        raw = await self.redis.hget(self.keys.results(goal_id), f"{task_id}:{attempt}")  # type: ignore[misc]
+        raw = await self.redis.hget(self.keys.results(goal_id), self.keys.result_field(task_id, attempt))  # type: ignore[misc]
         if raw is None:
             return None
         try:

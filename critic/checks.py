@@ -9,28 +9,17 @@ from __future__ import annotations
 from typing import Literal
 
 from bus.runtime import Limits
-from bus.schemas import TaskResult, TaskSpec, TaskStopReason, Verdict
+from bus.schemas import TaskResult, TaskSpec, Verdict
+from bus.stops import TaskStop, critic_feedback
 
 Action = Literal["accept", "retry", "replan"]
 
 # Why an attempt stopped, in words the next attempt (and an operator) can act on.
-STOP_FEEDBACK: dict[TaskStopReason, str] = {
-    "max_steps": "the previous attempt used all its steps without answering; work more directly and answer sooner",
-    "deadline": "the previous attempt ran out of time before answering; do less and answer sooner",
-    "loop_detected": "the previous attempt repeated the same tool call in a loop; change approach instead",
-    "max_tokens": "the previous answer was cut off at the output limit; answer more briefly",
-    "refusal": "the previous attempt was refused by the model; rephrase the work within policy",
-    "budget_exhausted": "the previous attempt ran out of token budget",
-    "cancelled": "the previous attempt was cancelled",
-    "error": "the previous attempt stopped on an error",
-}
-
-
 def check_result(result: TaskResult, spec: TaskSpec) -> Verdict | None:
     """A failing verdict when the result cannot pass whatever a model thinks of it; None otherwise."""
-    if result.stop_reason != "answered":
-        why = STOP_FEEDBACK.get(result.stop_reason, f"the previous attempt stopped ({result.stop_reason})")
-        return _retry(f"No answer: {why} (stop reason: {result.stop_reason}).")
+    if result.stop_reason != TaskStop.ANSWERED:
+        why = critic_feedback(result.stop_reason)
+        return _retry(f"No answer: {why} (stop reason: {result.stop_reason.value}).")
     if not result.answer.strip():
         return _retry("The answer was empty; give a complete answer that meets the definition of done.")
     if spec.tools and result.tool_calls == 0:

@@ -41,9 +41,7 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
         # A replan is under way: it supersedes this attempt (only done tasks are kept).
         log.info("review.skipped", state=goal.state.value)
         return
-    spec = next(
-        (t for t in (await rt.store.get_plan(goal.id, goal.plan_version)).plan.tasks if t.id == task.task_id), None
-    )
+    spec = (await rt.store.get_plan(goal.id, goal.plan_version)).plan.task(task.task_id)
     if spec is None:
         log.info("review.skipped", reason="the task is not in the current plan")
         return
@@ -80,9 +78,9 @@ async def _judge(
     )
     if outcome is None:
         return None
-    if outcome.verdict is None:
+    if outcome.value is None:
         return unusable_verdict("; ".join(outcome.problems)), False
-    return outcome.verdict, False
+    return outcome.value, False
 
 
 async def _apply(rt: Runtime, goal: GoalRecord, task: TaskRecord, verdict: Verdict, action: Action) -> bool:
@@ -182,18 +180,14 @@ async def review_goal(rt: Runtime, job: ReviewGoalJob) -> None:
     )
     if outcome is None:
         return
-    verdict = outcome.verdict or unusable_verdict("; ".join(outcome.problems))
+    verdict = outcome.value or unusable_verdict("; ".join(outcome.problems))
     await _conclude(rt, goal, answer, verdict)
 
 
 async def _final_answer(rt: Runtime, goal: GoalRecord) -> str | None:
     stored = await rt.store.get_plan(goal.id, goal.plan_version)
-    records = await rt.store.get_tasks(goal.id)
-    accepted: list[tuple[TaskSpec, TaskResult | None]] = []
-    for spec in stored.plan.tasks:
-        rec = records.get(spec.id)
-        result = await rt.store.get_result(goal.id, spec.id, rec.attempt) if rec and rec.attempt else None
-        accepted.append((spec, result))
+    results = await rt.store.latest_results(goal.id, [t.id for t in stored.plan.tasks])
+    accepted = [(spec, results[spec.id]) for spec in stored.plan.tasks]
     response = await rt.within_budget(
         goal.id,
         write_answer(
@@ -206,7 +200,7 @@ async def _final_answer(rt: Runtime, goal: GoalRecord) -> str | None:
     )
     if response is None:
         return None
-    if response.stop_reason != "end_turn":
+    if response.stop_reason != "stop":
         log.warning("review_goal.answer_incomplete", stop_reason=response.stop_reason)
     return response.text.strip()
 

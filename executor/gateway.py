@@ -16,11 +16,11 @@ import hashlib
 import json
 import time
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 import structlog
-from pydantic import BaseModel, ConfigDict
 
+from bus.attempts import Outcome, ToolOutcome
 from bus.events import EventLog
 from bus.observe import observe
 from bus.schemas import Event
@@ -30,28 +30,6 @@ from .registry import ToolRegistry
 from .sources.base import CatalogTool, InvalidArguments, OutcomeUnknown, ToolContext, ToolError
 
 log = structlog.get_logger("taskloom.tools")
-
-Outcome = Literal[
-    "ok", "not_allowed", "unknown_tool", "invalid_args", "error", "timeout", "denied", "unknown_outcome", "cancelled"
-]
-
-
-class ToolOutcome(BaseModel):
-    """One call's result: what the model sees, and the full output kept in the step record."""
-
-    model_config = ConfigDict(frozen=True)
-
-    call_id: str
-    tool: str
-    outcome: Outcome
-    content: str  # for the model (maybe truncated)
-    full: str  # untruncated
-    seconds: float = 0.0
-
-    @property
-    def is_error(self) -> bool:
-        return self.outcome != "ok"
-
 
 def render(value: Any) -> str:
     if isinstance(value, str):

@@ -14,12 +14,14 @@ from collections.abc import Callable
 
 import structlog
 
-from bus.approvals import ApprovalBook
+from bus.approvals import ApprovalBook, ApprovalDecision
+from bus.attempts import AttemptStore, LeaseLost, claim_expired, drop_lease, now_ms
 from bus.effects import SideEffects
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
 from bus.runtime import Runtime
-from bus.schemas import GOAL_TERMINAL, Event, GoalRecord, GoalState, TaskResult, TaskState
+from bus.schemas import GOAL_TERMINAL, Event, GoalRecord, TaskRecord, TaskResult, TaskState
+from bus.stops import TaskStop
 from bus.store import IllegalTransition, NotFound, StaleWrite
 from bus.tenants import TenantBusy, Tenants
 from llm.toolselect import select_tools
@@ -29,7 +31,6 @@ from .gateway import ToolGateway, digest
 from .loop import Approvals, Handover, Loop, Paused, TaskInput
 from .registry import ToolRegistry
 from .sources.catalog import ToolCatalog
-from .steps import AttemptStore, LeaseLost, claim_expired, now_ms
 from .toolkit import ToolContext
 
 log = structlog.get_logger("taskloom.executor")
@@ -43,8 +44,8 @@ class RedisApprovals(Approvals):
         self.book = ApprovalBook(rt.redis, rt.keys, rt.events.maxlen)
         self.goal_id = goal_id
 
-    async def decision(self, call_id: str) -> str | None:
-        return await self.book.decision(self.goal_id, call_id)
+    async def decision(self, call_id: str) -> ApprovalDecision | None:
+        return await self.book.decided(self.goal_id, call_id)
 
     async def request(self, call: ToolUseBlock, ctx: ToolContext) -> None:
         event = Event(
@@ -60,14 +61,11 @@ class RedisApprovals(Approvals):
 async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback: str | None) -> TaskInput:
     goal = await rt.store.get_goal(job.goal_id)
     plan = (await rt.store.get_plan(job.goal_id, plan_version)).plan
-    spec = next((t for t in plan.tasks if t.id == job.task_id), None)
+    spec = plan.task(job.task_id)
     if spec is None:
         raise NotFound("task spec", f"{job.goal_id}/{job.task_id} in plan v{plan_version}")
-    deps: list[tuple[str, str]] = []
-    for dep in spec.depends_on:
-        record = await rt.store.get_task(job.goal_id, dep)
-        result = await rt.store.get_result(job.goal_id, dep, record.attempt) if record.attempt else None
-        deps.append((dep, result.answer if result else "(no result)"))
+    results = await rt.store.latest_results(job.goal_id, spec.depends_on)
+    deps = [(dep, result.answer if result else "(no result)") for dep, result in results.items()]
     effects = await SideEffects(rt.redis, rt.keys).history(job.goal_id, job.task_id)
     earlier = [e for e in effects if e.attempt < job.attempt]
     return TaskInput(
@@ -108,7 +106,7 @@ async def execute(
     await tenants.acquire_slot(tenant, member, 2 * rt.limits.lease_ttl)
     renew = asyncio.create_task(_hold_slot(tenants, tenant, member, rt.limits.lease_ttl))
     try:
-        await _execute(rt, job, tools, stopping, goal)
+        await _execute(rt, job, tools, stopping)
     finally:
         renew.cancel()
         with contextlib.suppress(Exception):
@@ -122,29 +120,11 @@ async def _hold_slot(tenants: Tenants, tenant: str, member: str, ttl: float) -> 
             await tenants.acquire_slot(tenant, member, 2 * ttl)
 
 
-async def _execute(
-    rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Callable[[], bool] | None, goal: GoalRecord
-) -> None:
-    task = await rt.store.get_task(job.goal_id, job.task_id)
-    if task.attempt != job.attempt:
-        log.info("execute.skipped", reason=f"task is on attempt {task.attempt}")
+async def _execute(rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Callable[[], bool] | None) -> None:
+    started = await _start(rt, job)
+    if started is None:
         return
-    if task.state in STARTABLE:
-        try:
-            await rt.store.transition_task(job.goal_id, job.task_id, TaskState.RUNNING, expected_attempt=job.attempt)
-        except (IllegalTransition, StaleWrite) as exc:
-            log.info("execute.skipped", reason=str(exc))
-            return
-    elif task.state == TaskState.REVIEWING:
-        # An earlier run died between moving the task to review and enqueueing the review: send it
-        # again (the job id is deterministic, so a review already queued or done is not repeated).
-        await rt.jobs.enqueue(ReviewJob(goal_id=job.goal_id, task_id=job.task_id, attempt=job.attempt))
-        log.info("execute.skipped", reason="already in review; review job re-sent")
-        return
-    elif task.state != TaskState.RUNNING:
-        log.info("execute.skipped", reason=f"task is {task.state.value}")
-        return
-
+    goal, task = started
     store = AttemptStore(rt.redis, rt.keys, job.goal_id, job.task_id, job.attempt)
     holder = f"{HOLDER}:{uuid.uuid4().hex[:8]}"
     if not await store.acquire(holder, rt.limits.lease_ttl):
@@ -157,55 +137,10 @@ async def _execute(
         await _finish(rt, store, stored)
         return
     heartbeat = asyncio.create_task(_heartbeat(store, rt.limits.lease_ttl))
-    started, outcome = time.perf_counter(), "failed"  # for metrics: how this run of the loop ended
+    clock, outcome = time.perf_counter(), "failed"  # for metrics: how this run of the loop ended
     try:
-        task_input = await _task_input(rt, job, task.plan_version, task.feedback)
-        registry = await tools.snapshot()
-        allowed = _offered(registry, task_input, goal.goal.allowed_tools, rt.limits.tool_select_limit)
-        gateway = ToolGateway(
-            registry,
-            allowed,
-            rt.events,
-            output_limit=rt.limits.tool_output_limit,
-            default_timeout=rt.limits.tool_timeout,
-        )
-
-        async def is_cancelled() -> bool:
-            current = await rt.store.get_task(job.goal_id, job.task_id)
-            return current.state in (TaskState.CANCELLED, TaskState.SUPERSEDED) or current.attempt != job.attempt
-
-        loop = Loop(
-            task_input,
-            store,
-            rt.model_for(job.goal_id),
-            gateway,
-            RedisApprovals(rt, job.goal_id),
-            rt.limits,
-            is_cancelled,
-            stopping,
-            SideEffects(rt.redis, rt.keys),
-        )
-        log.info("execute.start", epoch=store.epoch, resumed_steps=len(await store.steps()))
-        try:
-            result = await loop.run()
-        except Handover as handover:
-            outcome = "handover"
-            await _hand_over(rt, store, job, heartbeat, handover.steps)
-            return
-        except Paused as paused:
-            outcome = "paused"
-            await rt.store.transition_task(
-                job.goal_id,
-                job.task_id,
-                TaskState.WAITING_APPROVAL,
-                expected_attempt=job.attempt,
-                data={"call_id": paused.call.id, "tool": paused.call.name},
-            )
-            await store.finish()  # nobody should resume it before the decision
-            log.info("execute.paused", call_id=paused.call.id, tool=paused.call.name)
-            return
-        outcome = result.stop_reason
-        await _finish(rt, store, result)
+        loop = await _make_loop(rt, job, goal, task, tools, store, stopping)
+        outcome = await _run_loop(rt, job, loop, store, heartbeat)
     except LeaseLost as exc:
         outcome = "lease_lost"
         log.warning("execute.lease_lost", detail=str(exc))
@@ -232,8 +167,99 @@ async def _execute(
         heartbeat.cancel()
         with contextlib.suppress(asyncio.CancelledError, LeaseLost):
             await heartbeat
-        seconds = time.perf_counter() - started
+        seconds = time.perf_counter() - clock
         observe(lambda o: o.task_run(outcome, seconds))
+
+
+async def _start(rt: Runtime, job: ExecuteJob) -> tuple[GoalRecord, TaskRecord] | None:
+    """Move the job's task to `running` if this job may run it; None (logged) when it may not."""
+    goal = await rt.store.get_goal(job.goal_id)
+    if goal.state in GOAL_TERMINAL:
+        log.info("execute.skipped", reason=f"goal {goal.state.value}")
+        return None
+    task = await rt.store.get_task(job.goal_id, job.task_id)
+    if task.attempt != job.attempt:
+        log.info("execute.skipped", reason=f"task is on attempt {task.attempt}")
+        return None
+    if task.state in STARTABLE:
+        try:
+            await rt.store.transition_task(job.goal_id, job.task_id, TaskState.RUNNING, expected_attempt=job.attempt)
+        except (IllegalTransition, StaleWrite) as exc:
+            log.info("execute.skipped", reason=str(exc))
+            return None
+    elif task.state == TaskState.REVIEWING:
+        # An earlier run died between moving the task to review and enqueueing the review: send it
+        # again (the job id is deterministic, so a review already queued or done is not repeated).
+        await rt.jobs.enqueue(ReviewJob(goal_id=job.goal_id, task_id=job.task_id, attempt=job.attempt))
+        log.info("execute.skipped", reason="already in review; review job re-sent")
+        return None
+    elif task.state != TaskState.RUNNING:
+        log.info("execute.skipped", reason=f"task is {task.state.value}")
+        return None
+    return goal, task
+
+
+async def _make_loop(
+    rt: Runtime,
+    job: ExecuteJob,
+    goal: GoalRecord,
+    task: TaskRecord,
+    tools: ToolCatalog,
+    store: AttemptStore,
+    stopping: Callable[[], bool] | None,
+) -> Loop:
+    """The attempt's loop: its input, the tools it is offered, and the services it writes through."""
+    task_input = await _task_input(rt, job, task.plan_version, task.feedback)
+    registry = await tools.snapshot()
+    allowed = _offered(registry, task_input, goal.goal.allowed_tools, rt.limits.tool_select_limit)
+    gateway = ToolGateway(
+        registry,
+        allowed,
+        rt.events,
+        output_limit=rt.limits.tool_output_limit,
+        default_timeout=rt.limits.tool_timeout,
+    )
+
+    async def is_cancelled() -> bool:
+        current = await rt.store.get_task(job.goal_id, job.task_id)
+        return current.state in (TaskState.CANCELLED, TaskState.SUPERSEDED) or current.attempt != job.attempt
+
+    return Loop(
+        task_input,
+        store,
+        rt.model_for(job.goal_id),
+        gateway,
+        RedisApprovals(rt, job.goal_id),
+        rt.limits,
+        is_cancelled,
+        stopping,
+        SideEffects(rt.redis, rt.keys),
+    )
+
+
+async def _run_loop(
+    rt: Runtime, job: ExecuteJob, loop: Loop, store: AttemptStore, heartbeat: asyncio.Task[None]
+) -> str:
+    """Run the loop under the lease and act on how it ended; returns that outcome (for metrics)."""
+    log.info("execute.start", epoch=store.epoch, resumed_steps=len(await store.steps()))
+    try:
+        result = await loop.run()
+    except Handover as handover:
+        await _hand_over(rt, store, job, heartbeat, handover.steps)
+        return "handover"
+    except Paused as paused:
+        await rt.store.transition_task(
+            job.goal_id,
+            job.task_id,
+            TaskState.WAITING_APPROVAL,
+            expected_attempt=job.attempt,
+            data={"call_id": paused.call.id, "tool": paused.call.name},
+        )
+        await store.finish()  # nobody should resume it before the decision
+        log.info("execute.paused", call_id=paused.call.id, tool=paused.call.name)
+        return "paused"
+    await _finish(rt, store, result)
+    return result.stop_reason.value
 
 
 async def _give_up(store: AttemptStore, heartbeat: asyncio.Task[None], watchdog_after: float = 0.0) -> bool:
@@ -275,16 +301,15 @@ async def _finish(rt: Runtime, store: AttemptStore, result: TaskResult) -> None:
     await store.save_result(result)
     gid, tid, attempt = result.goal_id, result.task_id, result.attempt
     log.info("execute.result", stop_reason=result.stop_reason, steps=result.steps, tool_calls=result.tool_calls)
-    if result.stop_reason == "cancelled":
+    if result.stop_reason == TaskStop.CANCELLED:
         await store.finish()
         return
-    if result.stop_reason == "budget_exhausted":
+    if result.stop_reason == TaskStop.BUDGET_EXHAUSTED:
         with contextlib.suppress(IllegalTransition, StaleWrite):
             await rt.store.transition_task(
                 gid, tid, TaskState.FAILED, expected_attempt=attempt, reason="budget_exhausted"
             )
-        with contextlib.suppress(IllegalTransition):
-            await rt.store.transition_goal(gid, GoalState.BUDGET_EXHAUSTED, reason=f"budget exhausted in task {tid}")
+        await rt.budget_exhausted(gid, f"budget exhausted in task {tid}")
         await store.finish()
         return
     try:
@@ -311,10 +336,9 @@ async def recover_expired(rt: Runtime, limit: int = 100) -> int:
             task = await rt.store.get_task(goal_id, task_id)
         except NotFound:
             task = None
-        member = f"{goal_id}|{task_id}|{attempt}"
         ended = task is not None and (await rt.store.get_goal(goal_id)).terminal
         if task is None or ended or task.attempt != attempt or task.state != TaskState.RUNNING:
-            await rt.redis.zrem(rt.keys.leases(), member)
+            await drop_lease(rt.redis, rt.keys, goal_id, task_id, attempt)
             continue
         await rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=task_id, attempt=attempt, resume=now_ms()))
         log.warning("execute.recovered", goal_id=goal_id, task_id=task_id, attempt=attempt)

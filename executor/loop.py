@@ -1,5 +1,5 @@
 """The ReAct micro-loop of one task attempt: model turn -> tool calls -> observations -> ..., with
-every step stored before the next model call (see `executor.steps`), so a re-delivered job resumes
+every step stored before the next model call (see `bus.attempts`), so a re-delivered job resumes
 after its last stored step and never pays twice for a model turn it already received."""
 
 from __future__ import annotations
@@ -13,19 +13,21 @@ from typing import Any
 
 import structlog
 
+from bus.approvals import ApprovalDecision
+from bus.attempts import AttemptStore, Pending, StepRecord, ToolOutcome
 from bus.effects import RESULT_LIMIT, EffectRecord, EffectState, SideEffects
 from bus.ledger import BudgetExhausted
 from bus.observe import observe
 from bus.runtime import Limits
-from bus.schemas import GoalRecord, TaskResult, TaskSpec, TaskStopReason
+from bus.schemas import GoalRecord, TaskResult, TaskSpec
+from bus.stops import TaskStop
 from llm.estimate import estimate_input_tokens
 from llm.port import ModelPort
 from llm.types import Message, ModelRequest, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 
 from . import policy
-from .gateway import ToolGateway, ToolOutcome, digest, error_outcome
+from .gateway import ToolGateway, digest, error_outcome
 from .sources.base import CatalogTool, ToolContext
-from .steps import AttemptStore, Pending, StepRecord
 
 log = structlog.get_logger("taskloom.executor")
 
@@ -69,7 +71,7 @@ class Handover(Exception):
 class Approvals:
     """Where the loop asks for and reads approval decisions (implemented over Redis by the handler)."""
 
-    async def decision(self, call_id: str) -> str | None:  # "approved" | "denied:<reason>" | None
+    async def decision(self, call_id: str) -> ApprovalDecision | None:  # None: not decided yet
         raise NotImplementedError
 
     async def request(self, call: ToolUseBlock, ctx: ToolContext) -> None:
@@ -170,7 +172,7 @@ class Loop:
         # Side-effecting calls, once per task across attempts (bus.effects); None: per attempt only.
         self.effects = effects
 
-    def _result(self, reason: TaskStopReason, state: policy.LoopState, usage: Usage, answer: str = "") -> TaskResult:
+    def _result(self, reason: TaskStop, state: policy.LoopState, usage: Usage, answer: str = "") -> TaskResult:
         return TaskResult(
             goal_id=self.task.goal.id,
             task_id=self.task.spec.id,
@@ -219,7 +221,7 @@ class Loop:
                     response = await self.model.complete(self._request(messages))
                 except BudgetExhausted as exc:
                     log.warning("task.budget_exhausted", detail=str(exc))
-                    return self._result("budget_exhausted", state, usage)
+                    return self._result(TaskStop.BUDGET_EXHAUSTED, state, usage)
                 # A model error is not the attempt's failure: it escapes to the job layer, which
                 # re-runs this job later (the attempt continues at this very step) or, past the
                 # goal's provider patience or for a terminal error, fails the goal (bus.retry).
@@ -242,7 +244,7 @@ class Loop:
         messages: list[Message],
         state: policy.LoopState,
         requires_tools: bool,
-    ) -> tuple[TaskStopReason, str] | None:
+    ) -> tuple[TaskStop, str] | None:
         """Apply one model reply; store the step. Returns (stop reason, answer) when the attempt ends."""
         # An empty turn (possible at max_tokens) still needs a block to be a valid message.
         empty = Message(role="assistant", content=[TextBlock(text="...")])
@@ -251,30 +253,30 @@ class Loop:
         reply: Message | None = None
         outcomes: list[ToolOutcome] = []
         notes: list[str] = []
-        end: tuple[TaskStopReason, str] | None = None
+        end: tuple[TaskStop, str] | None = None
         if action == "answer":
-            end = ("answered", response.text)
+            end = (TaskStop.ANSWERED, response.text)
         elif action == "stop_max_tokens":
-            end = ("max_tokens", response.text)
+            end = (TaskStop.MAX_TOKENS, response.text)
         elif action == "stop_refusal":
-            end = ("refusal", response.text)
+            end = (TaskStop.REFUSAL, response.text)
         elif action == "stop_context":
-            end = ("error", "the conversation no longer fits the model's context window")
+            end = (TaskStop.ERROR, "the conversation no longer fits the model's context window")
         elif action == "nudge_brevity":
             reply, notes = Message.user(policy.BREVITY_NUDGE), ["brevity"]
         elif action == "nudge_use_tools":
             reply, notes = Message.user(policy.USE_TOOLS_NUDGE), ["use_tools"]
         elif action == "tools":
-            outcomes, loop_stop = await self._run_tools(response.tool_uses, pending, state)
-            if "repeat" in state.notes and any(o.content.startswith("ERROR: you already called") for o in outcomes):
+            outcomes, loop_stop, repeated = await self._run_tools(response.tool_uses, pending, state)
+            if "repeat" in state.notes and repeated:
                 notes = ["repeat"]
             results = [ToolResultBlock(tool_use_id=o.call_id, content=o.content, is_error=o.is_error) for o in outcomes]
             reply = policy.reply_message(results)
             if loop_stop:
-                end = ("loop_detected", "")
+                end = (TaskStop.LOOP_DETECTED, "")
             elif any(o.outcome == "cancelled" for o in outcomes):
-                end = ("cancelled", "")
-        # action == "continue" (pause_turn): the turn goes back as is, no reply.
+                end = (TaskStop.CANCELLED, "")
+        # action == "continue" (pause): the turn goes back as is, no reply.
         step = StepRecord(
             index=state.steps,
             assistant=assistant,
@@ -294,16 +296,19 @@ class Loop:
 
     async def _run_tools(
         self, calls: list[ToolUseBlock], pending: Pending, state: policy.LoopState
-    ) -> tuple[list[ToolOutcome], bool]:
+    ) -> tuple[list[ToolOutcome], bool, bool]:
         """Answer every call of the turn, in order. Read-only calls run concurrently, the others one
-        after another. Returns the outcomes and whether a repeated call means the loop must stop."""
+        after another. Returns the outcomes, whether a repeated call means the loop must stop, and
+        whether any call of the turn was a repeat (answered with `policy.REPEAT_ERROR`)."""
         done: dict[str, ToolOutcome] = dict(pending.results)
-        loop_stop = False
+        loop_stop = repeated = False
         to_run: list[tuple[ToolUseBlock, CatalogTool, Any]] = []
         for call in calls:
             d = digest(call.input)
             repeat = policy.check_repeat(state, call.name, d, self.limits.loop_window)
             state.recent_calls.append((call.name, d))
+            # The repeat check is deterministic, so a call answered before a crash was a repeat then too.
+            repeated = repeated or repeat != "ok"
             if call.id in done:
                 continue  # answered before a crash
             if repeat != "ok":
@@ -312,52 +317,14 @@ class Loop:
                 message = policy.REPEAT_ERROR.format(tool=call.name).removeprefix("ERROR: ")
                 done[call.id] = await self._record(call, error_outcome(call, "error", message), state)
                 continue
-            checked = self.gateway.validate(call)
-            if isinstance(checked, ToolOutcome):
-                done[call.id] = await self._record(call, checked, state)
-                continue
-            tool, args = checked
-            if tool.side_effects and call.id in pending.started:
-                # It started before a crash and has no result: running it again could do it twice.
-                done[call.id] = await self._record(
-                    call,
-                    error_outcome(
-                        call,
-                        "unknown_outcome",
-                        f"the outcome of this {call.name} call is unknown: the worker stopped while it ran, "
-                        "and it has side effects, so it was not run again. Check its effect before retrying.",
-                    ),
-                    state,
-                )
-                continue
-            if tool.requires_approval:
-                decision = await self.approvals.decision(call.id)
-                if decision is None:
-                    await self.approvals.request(call, self._ctx(call, state))
-                    raise Paused(call)
-                if decision != "approved":
-                    why = decision.removeprefix("denied:") or "no reason given"
-                    denied = error_outcome(call, "denied", f"denied by an operator: {why}")
-                    done[call.id] = await self._record(call, denied, state)
-                    continue
-            to_run.append((call, tool, args))
+            gated = await self._gate(call, pending, state)
+            if isinstance(gated, ToolOutcome):
+                done[call.id] = await self._record(call, gated, state)
+            else:
+                to_run.append((call, *gated))
 
         async def run_one(call: ToolUseBlock, tool: CatalogTool, args: Any) -> None:
-            record = self._effect(call)
-            if tool.side_effects:
-                await self.store.mark_started(call.id)
-                if self.effects is not None and not tool.idempotent:
-                    earlier = await self.effects.begin(self.task.goal.id, self.task.spec.id, record)
-                    if earlier is not None:
-                        log.warning("tool.side_effect_not_repeated", tool=call.name, earlier_attempt=earlier.attempt)
-                        done[call.id] = await self._record(call, replayed(call, earlier), state)
-                        return
-            outcome = await self.gateway.invoke(call, tool, args, self._ctx(call, state))
-            if tool.side_effects and self.effects is not None:
-                kept, st = outcome.full[:RESULT_LIMIT], _EFFECT_STATE.get(outcome.outcome, "failed")
-                ended = record.model_copy(update={"state": st, "result": kept})
-                await self.effects.finish(self.task.goal.id, self.task.spec.id, ended)
-            done[call.id] = await self._record(call, outcome, state)
+            done[call.id] = await self._run_one(call, tool, args, state)
 
         async def run_all() -> None:
             await asyncio.gather(*(run_one(*x) for x in to_run if x[1].read_only))
@@ -369,7 +336,51 @@ class Loop:
             for call in calls:
                 done.setdefault(call.id, error_outcome(call, "cancelled", "the task was cancelled while this call ran"))
         state.tool_calls += len(calls)  # every call the model made counts, failed ones included
-        return [done[c.id] for c in calls], loop_stop
+        return [done[c.id] for c in calls], loop_stop, repeated
+
+    async def _gate(
+        self, call: ToolUseBlock, pending: Pending, state: policy.LoopState
+    ) -> ToolOutcome | tuple[CatalogTool, Any]:
+        """The checks before a call runs: the tool and its arguments (validated), or the outcome
+        it gets instead of running. Raises `Paused` when it awaits a person's approval."""
+        checked = self.gateway.validate(call)
+        if isinstance(checked, ToolOutcome):
+            return checked
+        tool, _ = checked
+        if tool.side_effects and call.id in pending.started:
+            # It started before a crash and has no result: running it again could do it twice.
+            return error_outcome(
+                call,
+                "unknown_outcome",
+                f"the outcome of this {call.name} call is unknown: the worker stopped while it ran, "
+                "and it has side effects, so it was not run again. Check its effect before retrying.",
+            )
+        if tool.requires_approval:
+            decision = await self.approvals.decision(call.id)
+            if decision is None:
+                await self.approvals.request(call, self._ctx(call, state))
+                raise Paused(call)
+            if not decision.approved:
+                why = decision.reason or "no reason given"
+                return error_outcome(call, "denied", f"denied by an operator: {why}")
+        return checked
+
+    async def _run_one(self, call: ToolUseBlock, tool: CatalogTool, args: Any, state: policy.LoopState) -> ToolOutcome:
+        """Run one checked call (a side-effecting one at most once per task, `bus.effects`); record it."""
+        record = self._effect(call)
+        if tool.side_effects:
+            await self.store.mark_started(call.id)
+            if self.effects is not None and not tool.idempotent:
+                earlier = await self.effects.begin(self.task.goal.id, self.task.spec.id, record)
+                if earlier is not None:
+                    log.warning("tool.side_effect_not_repeated", tool=call.name, earlier_attempt=earlier.attempt)
+                    return await self._record(call, replayed(call, earlier), state)
+        outcome = await self.gateway.invoke(call, tool, args, self._ctx(call, state))
+        if tool.side_effects and self.effects is not None:
+            kept, st = outcome.full[:RESULT_LIMIT], _EFFECT_STATE.get(outcome.outcome, "failed")
+            ended = record.model_copy(update={"state": st, "result": kept})
+            await self.effects.finish(self.task.goal.id, self.task.spec.id, ended)
+        return await self._record(call, outcome, state)
 
     async def _run_cancellable(self, work: Awaitable[None]) -> bool:
         """Run `work`, polling for cancellation meanwhile. False if the task was cancelled."""

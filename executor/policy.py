@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llm.types import ContentBlock, Message, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock
+from bus.stops import TaskStop
+from llm.types import ContentBlock, Message, ModelResponse, ToolResultBlock
 
 BREVITY_NUDGE = "Your reply was cut off at the token limit. Answer again, much more briefly."
 USE_TOOLS_NUDGE = (
@@ -30,48 +31,47 @@ class LoopState:
     notes: set[str] = field(default_factory=set)  # nudges already given: "brevity", "use_tools", "repeat"
 
 
-Stop = Literal["max_steps", "deadline", "cancelled"]
-
-
-def stop_before_call(state: LoopState, max_steps: int, elapsed: float, timeout: float, cancelled: bool) -> Stop | None:
+def stop_before_call(
+    state: LoopState, max_steps: int, elapsed: float, timeout: float, cancelled: bool
+) -> TaskStop | None:
     """Checked before every model call."""
     if cancelled:
-        return "cancelled"
+        return TaskStop.CANCELLED
     if elapsed >= timeout:
-        return "deadline"
+        return TaskStop.DEADLINE
     if state.steps >= max_steps:
-        return "max_steps"
+        return TaskStop.MAX_STEPS
     return None
 
 
 Action = Literal[
     "answer",  # done: the text is the result
     "tools",  # run the tool calls, then continue
-    "continue",  # pause_turn: send the turn back as is
+    "continue",  # pause: send the turn back as is
     "nudge_brevity",  # max_tokens once: ask for a shorter answer
     "nudge_use_tools",  # answered without the required tools: one corrective turn
     "stop_max_tokens",
     "stop_refusal",
-    "stop_context",  # model_context_window_exceeded
+    "stop_context",  # context_length: the conversation no longer fits
 ]
 
 
 def classify(response: ModelResponse, state: LoopState, requires_tools: bool) -> Action:
     """What to do with a model reply."""
     reason = response.stop_reason
-    if reason == "tool_use" and response.tool_uses:
+    if reason == "tool_call" and response.tool_uses:
         return "tools"
-    if reason == "pause_turn":
+    if reason == "pause":
         return "continue"
-    if reason == "refusal":
+    if reason == "content_filter":
         return "stop_refusal"
-    if reason == "model_context_window_exceeded":
+    if reason == "context_length":
         return "stop_context"
-    if reason == "max_tokens":
+    if reason == "length":
         if response.tool_uses:
             return "tools"  # the calls are complete blocks; run them
         return "stop_max_tokens" if "brevity" in state.notes else "nudge_brevity"
-    # end_turn / stop_sequence (or tool_use without blocks): an answer
+    # stop (or tool_call without blocks): an answer
     if requires_tools and state.tool_calls == 0 and "use_tools" not in state.notes:
         return "nudge_use_tools"
     return "answer"
@@ -114,17 +114,8 @@ def condense(messages: Sequence[Message], keep_last: int, note_chars: int = 200,
     return out
 
 
-def reply_message(results: Sequence[ToolResultBlock], nudge: str | None = None) -> Message:
-    """The next user message: every tool_result first (as the API requires), then any nudge."""
-    blocks: list[ContentBlock] = list(results)
-    if nudge:
-        blocks.append(TextBlock(text=nudge))
-    return Message(role="user", content=blocks)
+def reply_message(results: Sequence[ToolResultBlock]) -> Message:
+    """The next user message: the turn's tool_results (a nudge goes in a message of its own)."""
+    return Message(role="user", content=list(results))
 
 
-def answered_calls(messages: Sequence[Message]) -> set[str]:
-    return {b.tool_use_id for m in messages for b in m.content if isinstance(b, ToolResultBlock)}
-
-
-def tool_uses(messages: Sequence[Message]) -> list[ToolUseBlock]:
-    return [b for m in messages if m.role == "assistant" for b in m.content if isinstance(b, ToolUseBlock)]

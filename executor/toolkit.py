@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from bus.schemas import json_schema
+from llm.forced import validation_problems
 from llm.types import ToolDef
 
 from .sources.base import InvalidArguments, ToolContext
@@ -66,10 +67,7 @@ class Tool:
         try:
             return self.params.model_validate(arguments)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors(include_url=False)
-            )
-            raise InvalidArguments(problems) from None
+            raise InvalidArguments("; ".join(validation_problems(exc))) from None
 
     async def invoke(self, args: BaseModel, ctx: ToolContext) -> Any:
         kwargs = {name: getattr(args, name) for name in type(args).model_fields}

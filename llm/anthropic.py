@@ -42,11 +42,11 @@ from llm.errors import (
 from llm.pairing import check_tool_pairing
 from llm.toolnames import ToolNameMap
 from llm.types import (
+    ANTHROPIC_STOP_REASONS,
     ContentBlock,
     ModelRequest,
     ModelResponse,
     RateLimitInfo,
-    StopReason,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -154,7 +154,8 @@ def to_response(message: anthropic.types.Message, names: ToolNameMap, model: str
             content.append(ThinkingBlock(thinking=block.thinking, signature=block.signature))
         # Other block types (server tools, redacted thinking) need features we never enable.
     usage = message.usage
-    stop_reason: StopReason = message.stop_reason
+    # Mapped to the neutral names; one we do not know fails validation below, as it always did.
+    stop_reason = ANTHROPIC_STOP_REASONS.get(message.stop_reason, message.stop_reason)
     return ModelResponse(
         content=content,
         stop_reason=stop_reason,

@@ -4,7 +4,10 @@ It does not reason. Every answer is a pure function of the request, built from f
 string matching, so that `taskloom demo` runs with no key and no network, identically in every
 process (the planner, executors and critic each hold their own instance). Its rules:
 
-**Planner** (`tool_choice` forces `submit_plan`): order ids are the `[A-Z]` + 3-or-more-digit words
+It knows no role's tool names: a forced tool is told apart by the fields its input schema requires
+(a `tasks` list: the planner's plan; `passed` and `action`: the critic's verdict).
+
+**Planner** (`tool_choice` forces a plan tool): order ids are the `[A-Z]` + 3-or-more-digit words
 (`A100`) in the user messages. When known support-desk tools (`lookup_order`, `refund_policy`,
 `check_refund_eligibility`) are offered, by tool definition or by name in the prompt, and ids are found,
 the plan has one task per id (`check-a100`, ...; no dependencies, so they run in parallel) using those
@@ -15,11 +18,11 @@ also asks for the refund deadline (`DEADLINE_DOD`). Otherwise the plan is a sing
 required inputs it can fill (order id from "order A101" in the prompt, a date from the prompt) in one
 turn (parallel tool_use). Once results are there, or when no tool can be called, it answers with text
 quoting the tool results (or, for a summary, the prompt's lines that mention order ids), stop reason
-`end_turn`. It writes `Refund deadline: ...` only when the prompt carries the critic's `FEEDBACK`,
+`stop`. It writes `Refund deadline: ...` only when the prompt carries the critic's `FEEDBACK`,
 at the end of the order's decision line, so that the summary (which keeps each order's decision
 line) carries the deadline into the goal's final answer.
 
-**Critic** (`tool_choice` forces `submit_verdict`): rejects (action `retry`, feedback `FEEDBACK`) when
+**Critic** (`tool_choice` forces a verdict tool): rejects (action `retry`, feedback `FEEDBACK`) when
 the prompt holds `DEADLINE_DOD` but no `Refund deadline:` answer and no earlier `FEEDBACK`; accepts
 otherwise. So the first order's task is retried exactly once, showing the retry path.
 
@@ -50,8 +53,6 @@ from llm.types import (
     Usage,
 )
 
-PLAN_TOOL = "submit_plan"
-VERDICT_TOOL = "submit_verdict"
 KNOWN_TOOLS = ("lookup_order", "refund_policy", "check_refund_eligibility")
 DEADLINE_DOD = "and states the refund deadline explicitly"
 FEEDBACK = "Say the last day on which a refund can be requested (the refund deadline)."
@@ -61,6 +62,17 @@ _ORDER_ID = re.compile(r"\b[A-Z]\d{3,}\b")
 _TASK_ORDER = re.compile(r"\border\s+([A-Z]\d{3,})\b", re.IGNORECASE)
 _DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 _DAYS = re.compile(r"\b(\d{1,3})\s*(?:-\s*)?days?\b|\"\w*days\w*\"\s*:\s*(\d{1,3})", re.IGNORECASE)
+
+
+def _form(tool: ToolDef) -> str:
+    """Which role's form a forced tool is, by the fields its input schema requires (the demo knows
+    no role's tool names): `plan` (a `tasks` list), `verdict` (`passed` and `action`), else `other`."""
+    required = set(tool.input_schema.get("required", []))
+    if "tasks" in required:
+        return "plan"
+    if {"passed", "action"} <= required:
+        return "verdict"
+    return "other"
 
 
 def _user_text(request: ModelRequest) -> str:
@@ -242,13 +254,13 @@ def _execute(request: ModelRequest) -> tuple[list[ContentBlock], StopReason]:
     if not results:
         calls: list[ContentBlock] = []
         for tool in request.tools:
-            if tool.name in (PLAN_TOOL, VERDICT_TOOL):
-                continue
+            if _form(tool) != "other":
+                continue  # a role's form is never an executor's tool
             args = _fill_inputs(tool, order_id, text)
             if args is not None:
                 calls.append(ToolUseBlock(id=_tool_use_id(request, tool.name, args), name=tool.name, input=args))
         if calls:
-            return calls, "tool_use"
+            return calls, "tool_call"
 
     if results:
         names = {
@@ -281,7 +293,7 @@ def _execute(request: ModelRequest) -> tuple[list[ContentBlock], StopReason]:
         else:
             first = next((line.strip() for line in text.splitlines() if line.strip()), "")
             answer = f"Done: {first[:500]}"
-    return [TextBlock(text=answer)], "end_turn"
+    return [TextBlock(text=answer)], "stop"
 
 
 # -- any other forced tool --------------------------------------------------------------------
@@ -343,14 +355,16 @@ class DemoModel:
         content: list[ContentBlock]
         stop_reason: StopReason
         if forced is not None:
-            if forced == PLAN_TOOL:
+            tool = next(t for t in request.tools if t.name == forced)
+            kind = _form(tool)
+            if kind == "plan":
                 args = _plan(request)
-            elif forced == VERDICT_TOOL:
+            elif kind == "verdict":
                 args = _verdict(request)
             else:
-                args = _placeholder_input(next(t for t in request.tools if t.name == forced))
+                args = _placeholder_input(tool)
             content = [ToolUseBlock(id=_tool_use_id(request, forced, args), name=forced, input=args)]
-            stop_reason = "tool_use"
+            stop_reason = "tool_call"
         else:
             content, stop_reason = _execute(request)
 
@@ -359,7 +373,7 @@ class DemoModel:
             # What a real model does at the limit: the text is cut and an unfinished tool call is lost.
             text = "".join(b.text for b in content if isinstance(b, TextBlock))
             content = [TextBlock(text=text.encode()[: request.max_tokens * 4].decode("utf-8", "ignore"))]
-            stop_reason = "max_tokens"
+            stop_reason = "length"
             output = request.max_tokens
         usage = Usage(input_tokens=estimate_input_tokens(request), output_tokens=output)
         return ModelResponse(content=content, stop_reason=stop_reason, usage=usage, request_id=None, model=self.model)

@@ -8,17 +8,27 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-StopReason = Literal[
-    "end_turn",
-    "tool_use",
-    "max_tokens",
-    "stop_sequence",
-    "pause_turn",
-    "refusal",
-    "model_context_window_exceeded",
-]
+# Why the model stopped, in provider-neutral terms: the OpenTelemetry GenAI finish reasons (`stop`,
+# `length`, `content_filter`, `tool_call`), plus two the executor must tell apart: `pause` (the
+# provider paused a long turn; send it back as is to continue) and `context_length` (the
+# conversation no longer fits the model's context window). Each adapter maps its provider's reasons
+# onto these (llm/anthropic.py).
+StopReason = Literal["stop", "tool_call", "length", "content_filter", "pause", "context_length"]
+
+# Anthropic's stop reasons, by their neutral names. The Anthropic adapter maps the API with it, and
+# responses stored before the names were neutral (step checkpoints, cassettes) carried these very
+# names: `ModelResponse` reads them as their neutral equivalents.
+ANTHROPIC_STOP_REASONS: dict[str, StopReason] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_call",
+    "max_tokens": "length",
+    "refusal": "content_filter",
+    "pause_turn": "pause",
+    "model_context_window_exceeded": "context_length",
+}
 
 
 class _Model(BaseModel):
@@ -148,6 +158,12 @@ class ModelResponse(_Model):
     model: str
     # Transport metadata, never stored or recorded (cassettes, results): excluded from dumps.
     rate_limit: RateLimitInfo | None = Field(default=None, exclude=True)
+
+    @field_validator("stop_reason", mode="before")
+    @classmethod
+    def _stored_name(cls, value: Any) -> Any:
+        """A stop reason stored under its older, Anthropic name reads as the neutral one."""
+        return ANTHROPIC_STOP_REASONS.get(value, value) if isinstance(value, str) else value
 
     @property
     def text(self) -> str:

@@ -13,10 +13,11 @@ from bus.jobs import AdvanceJob, ExecuteJob, PlanJob, ReplanJob, ReviewGoalJob
 from bus.runtime import Runtime
 from bus.schemas import GoalRecord, GoalState, Plan, StoredPlan, TaskRecord, TaskResult, TaskState
 from bus.store import IllegalTransition, StaleWrite
+from llm.forced import FormOutcome
 from llm.toolselect import select_tools
 from llm.types import ToolDef
 
-from .ask import PlanOutcome, ask_for_plan
+from .ask import ask_for_plan
 from .dag import all_done, ready_tasks, validate_plan
 from .prompts import SYSTEM, plan_prompt, replan_prompt, usable_tools
 from .reconcile import reconcile
@@ -104,7 +105,7 @@ def _offered(rt: Runtime, goal: GoalRecord, catalog: list[ToolDef], also: str = 
     return select_tools(usable_tools(catalog, goal.goal.allowed_tools), text, rt.limits.tool_select_limit)
 
 
-async def _ask(rt: Runtime, goal: GoalRecord, prompt: str, purpose: str) -> PlanOutcome | None:
+async def _ask(rt: Runtime, goal: GoalRecord, prompt: str, purpose: str) -> FormOutcome[Plan] | None:
     # Any tool of the catalog is accepted in a plan, also one the prompt did not list.
     known = [t.name for t in await rt.tool_definitions()]
     allowed = set(goal.goal.allowed_tools) if goal.goal.allowed_tools is not None else None
@@ -143,10 +144,10 @@ async def _first_plan(rt: Runtime, goal: GoalRecord) -> StoredPlan | None:
     outcome = await _ask(rt, goal, plan_prompt(goal.goal, tools, rt.limits.max_plan_tasks), "plan")
     if outcome is None:
         return None
-    if outcome.plan is None:
+    if outcome.value is None:
         await _stop(rt, goal.id, GoalState.FAILED, _no_plan_reason(outcome))
         return None
-    return await _store(rt, goal.id, outcome.plan, expected_version=0, reason="first plan")
+    return await _store(rt, goal.id, outcome.value, expected_version=0, reason="first plan")
 
 
 async def _new_plan(
@@ -169,11 +170,11 @@ async def _new_plan(
     outcome = await _ask(rt, goal, prompt, "replan")
     if outcome is None:
         return None
-    if outcome.plan is None:
+    if outcome.value is None:
         await _stop(rt, goal.id, GoalState.FAILED, _no_plan_reason(outcome))
         return None
     why = f"replan of version {current.version}" + (f": {reason}" if reason else "")
-    return await _store(rt, goal.id, outcome.plan, expected_version=current.version, reason=why)
+    return await _store(rt, goal.id, outcome.value, expected_version=current.version, reason=why)
 
 
 async def _store(rt: Runtime, goal_id: str, new: Plan, *, expected_version: int, reason: str) -> StoredPlan | None:
@@ -254,14 +255,8 @@ async def _dispatch(rt: Runtime, rec: TaskRecord) -> None:
 async def _accepted_results(
     rt: Runtime, goal_id: str, current: Plan, records: dict[str, TaskRecord]
 ) -> dict[str, TaskResult]:
-    out: dict[str, TaskResult] = {}
-    for spec in current.tasks:
-        rec = records.get(spec.id)
-        if rec is not None and rec.state is TaskState.DONE and rec.attempt >= 1:
-            result = await rt.store.get_result(goal_id, spec.id, rec.attempt)
-            if result is not None:
-                out[spec.id] = result
-    return out
+    results = await rt.store.latest_results(goal_id, [t.id for t in current.tasks], records, done_only=True)
+    return {tid: result for tid, result in results.items() if result is not None}
 
 
 async def _move_goal(
@@ -304,7 +299,7 @@ async def _stop(rt: Runtime, goal_id: str, target: GoalState, reason: str) -> No
     await _move_goal(rt, goal_id, target, reason=reason)
 
 
-def _no_plan_reason(outcome: PlanOutcome) -> str:
+def _no_plan_reason(outcome: FormOutcome[Plan]) -> str:
     listed = " ".join(outcome.problems)
     return f"no valid plan after {outcome.attempts} attempts: {listed}"
 

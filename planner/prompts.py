@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from pydantic import ValidationError
-
 from bus.schemas import Goal, Plan, TaskRecord, TaskResult, TaskState
 from llm.types import ToolDef
 
@@ -121,17 +119,6 @@ def replan_prompt(
 def _state(records: Mapping[str, TaskRecord], tid: str) -> str:
     rec = records.get(tid)
     return rec.state.value if rec else "unknown"
-
-
-def pydantic_problems(exc: ValidationError) -> list[str]:
-    """A schema error as sentences naming the field, e.g. `tasks[2].definition_of_done: Field required`."""
-    out: list[str] = []
-    for err in exc.errors(include_url=False):
-        path = ""
-        for part in err["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        out.append(f"{path or 'input'}: {err['msg']}.")
-    return out
 
 
 def correction(problems: list[str]) -> str:

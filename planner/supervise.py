@@ -13,7 +13,6 @@ that races a slow driver costs at most one idempotent no-op.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from dataclasses import dataclass
 import structlog
 from pydantic import ValidationError
 
+from bus.approvals import ApprovalBook
+from bus.attempts import leased
 from bus.jobs import ExecuteJob, JobPayload, PlanJob, ReplanJob, ReviewGoalJob, ReviewJob
 from bus.observe import observe
 from bus.runtime import Runtime
@@ -91,22 +92,11 @@ async def _drivers(rt: Runtime, goal_id: str, tasks: Mapping[str, TaskRecord]) -
     goal_job = known.get("goal")
     last_replan = goal_job[1].plan_version if goal_job and isinstance(goal_job[1], ReplanJob) else None
     running = [t for t, rec in tasks.items() if rec.state is TaskState.RUNNING]
-    leased: set[str] = set()
-    if running:
-        async with rt.redis.pipeline(transaction=False) as pipe:
-            for t in running:
-                pipe.zscore(rt.keys.leases(), f"{goal_id}|{t}|{tasks[t].attempt}")
-            scores = await pipe.execute()
-        leased = {t for t, score in zip(running, scores, strict=True) if score is not None}
+    held = await leased(rt.redis, rt.keys, goal_id, {t: tasks[t].attempt for t in running})
     waiting: set[str] = set()
     if any(rec.state is TaskState.WAITING_APPROVAL for rec in tasks.values()):
-        raw = await rt.redis.hgetall(rt.keys.approval_requests(goal_id))  # type: ignore[misc]
-        for value in raw.values():
-            try:
-                waiting.add(str(json.loads(value)["task_id"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-    return Drivers(jobs, frozenset(leased), frozenset(waiting), last_replan)
+        waiting = await ApprovalBook(rt.redis, rt.keys).waiting_tasks(goal_id)
+    return Drivers(jobs, frozenset(held), frozenset(waiting), last_replan)
 
 
 async def check_goal(rt: Runtime, goal_id: str) -> list[JobPayload]:

@@ -26,7 +26,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
-import redis.exceptions
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -39,13 +38,14 @@ except ImportError:  # pragma: no cover - older typer on the real click
 
 from bus.approvals import AlreadyDecided
 from bus.client import Client, GoalStatus, WaitTimeout
-from bus.connection import EmbeddedRedisError
+from bus.connection import EmbeddedRedisError, RedisRefused, RedisTimeout, RedisUnavailable
 from bus.keys import ROLES
 from bus.schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, GoalState
 from bus.store import AlreadyExists, CorruptRecord, IllegalTransition, NotFound
 from bus.tenants import TenantView
 from executor.registry import ToolLoadError
 from llm.errors import ModelConfigError
+from llm.forced import validation_problems
 
 from .settings import Settings, SettingsError, keys_for, load_settings, unknown_variables
 from .terminal import clean, line
@@ -170,9 +170,9 @@ def _guarded(fn: Callable[[], T]) -> T:
         _fail(EXIT_INVALID, f"--id: {exc} with a different goal; choose another id or submit the same goal")
     except (ModelConfigError, ToolLoadError, SettingsError) as exc:  # SettingsError: e.g. the metrics port
         _fail(EXIT_INVALID, str(exc))
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, EmbeddedRedisError, OSError) as exc:
+    except (RedisUnavailable, RedisTimeout, EmbeddedRedisError, OSError) as exc:
         _fail(EXIT_NOT_FOUND, f"cannot reach Redis: {exc}")
-    except redis.exceptions.ResponseError as exc:
+    except RedisRefused as exc:
         _fail(EXIT_NOT_FOUND, f"Redis refused a command (a key holds data of another kind?): {exc}")
 
 
@@ -189,11 +189,7 @@ def _with_client(fn: Callable[[Client], Awaitable[T]], settings: Settings | None
 
 
 def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for e in exc.errors(include_url=False):
-        field = ".".join(str(p) for p in e["loc"]) or "input"
-        parts.append(f"{field}: {e['msg']}")
-    return "invalid goal: " + "; ".join(parts)
+    return "invalid goal: " + "; ".join(validation_problems(exc))
 
 
 def _print_json(obj: Any) -> None:
@@ -234,9 +230,7 @@ def health(
     """Exit 0 if Redis answers and each role has a worker with a fresh heartbeat; else 1 with the reason."""
     import socket
 
-    from redis.asyncio import Redis
-
-    from bus.connection import EmbeddedRedis
+    from bus.connection import EmbeddedRedis, plain_client
 
     from . import health as checks
 
@@ -251,7 +245,7 @@ def health(
     url = settings.redis_url or EmbeddedRedis(settings.home).url
 
     async def go() -> checks.Report:
-        redis = Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        redis = plain_client(url, timeout)
         try:
             return await asyncio.wait_for(
                 checks.check(redis, keys_for(settings), wanted, socket.gethostname() if local else None), timeout

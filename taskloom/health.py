@@ -17,57 +17,30 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from redis.asyncio import Redis
 
+from bus import fleet
+from bus.connection import RedisClient
 from bus.keys import Keys
 
 log = structlog.get_logger("taskloom.health")
-
-# Dead members are kept this long, so that `taskloom health` can say when a worker was last seen.
-FORGET_AFTER_MS = 3600 * 1000
-
-
-def workers_key(keys: Keys, role: str) -> str:
-    """The role's heartbeat set (see `Keys.workers`)."""
-    return keys.workers(role)
-
 
 def instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-async def beat(redis: Redis, keys: Keys, roles: Sequence[str], instance: str, ttl: float) -> None:
-    now = _now_ms()
-    async with redis.pipeline(transaction=False) as pipe:
-        for role in roles:
-            pipe.zadd(workers_key(keys, role), {instance: now + int(ttl * 1000)})
-            pipe.zremrangebyscore(workers_key(keys, role), "-inf", now - FORGET_AFTER_MS)
-        await pipe.execute()
-
-
-async def heartbeat_forever(redis: Redis, keys: Keys, roles: Sequence[str], instance: str, ttl: float) -> None:
+async def heartbeat_forever(redis: RedisClient, keys: Keys, roles: Sequence[str], instance: str, ttl: float) -> None:
     """Beat now and every `ttl / 3` seconds; a failed beat (Redis away) is logged and retried."""
     while True:
         try:
-            await beat(redis, keys, roles, instance, ttl)
+            await fleet.beat(redis, keys, roles, instance, ttl)
         except Exception as exc:
             log.warning("heartbeat.failed", error=repr(exc))
         await asyncio.sleep(ttl / 3)
-
-
-async def deregister(redis: Redis, keys: Keys, roles: Sequence[str], instance: str) -> None:
-    for role in roles:
-        await redis.zrem(workers_key(keys, role), instance)
 
 
 @dataclass
@@ -107,19 +80,16 @@ class Report:
         }
 
 
-async def check(redis: Redis, keys: Keys, roles: Sequence[str], host: str | None = None) -> Report:
+async def check(redis: RedisClient, keys: Keys, roles: Sequence[str], host: str | None = None) -> Report:
     """Redis answers, and each of `roles` has a worker with a fresh heartbeat (on `host`, if given)."""
     try:
         await redis.ping()
     except Exception as exc:
         return Report(redis=False, reasons=[f"cannot reach Redis: {exc}"])
     report = Report(redis=True)
-    now = _now_ms()
+    now = fleet.now_ms()
     for role in roles:
-        rows = await redis.zrange(workers_key(keys, role), 0, -1, withscores=True)
-        beats = [
-            WorkerBeat((m.decode() if isinstance(m, bytes) else str(m)), (score - now) / 1000) for m, score in rows
-        ]
+        beats = [WorkerBeat(m, (expiry - now) / 1000) for m, expiry in await fleet.heartbeats(redis, keys, role)]
         if host is not None:
             beats = [b for b in beats if b.instance.rsplit(":", 1)[0] == host]
         report.roles[role] = beats
@@ -131,7 +101,7 @@ async def check(redis: Redis, keys: Keys, roles: Sequence[str], host: str | None
     return report
 
 
-async def missing_roles(redis: Redis, keys: Keys, roles: Sequence[str]) -> list[str]:
+async def missing_roles(redis: RedisClient, keys: Keys, roles: Sequence[str]) -> list[str]:
     """The roles in `roles` with no live worker anywhere (no fresh heartbeat); [] if Redis cannot tell."""
     try:
         report = await check(redis, keys, roles)

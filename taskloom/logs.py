@@ -93,7 +93,3 @@ def configure_logging(level: str = "INFO", json: bool | None = None, stream: Any
     # httpx logs every request at INFO; that is noise in a worker's log.
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def get_logger(name: str = "taskloom") -> Any:
-    return structlog.stdlib.get_logger(name)

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from bus.client import Client, WaitTimeout
 from bus.schemas import Goal
 from bus.store import IllegalTransition, NotFound
+from llm.forced import validation_problems
 
 APPROVAL_META = {"dev.taskloom/approval": True}
 READ = mt.ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
@@ -36,8 +37,7 @@ MAX_EVENTS = 500
 
 
 def _problems(exc: ValidationError) -> str:
-    errors = exc.errors(include_url=False)
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in errors)
+    return "; ".join(validation_problems(exc))
 
 
 def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) -> MCPServer:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
@@ -32,9 +31,10 @@ from prometheus_client import (
     ProcessCollector,
     start_http_server,
 )
-from redis.asyncio import Redis
 
-from bus.keys import ROLES, Keys
+from bus import fleet
+from bus.connection import RedisClient
+from bus.keys import Keys
 from bus.observe import Observer
 from llm.types import Usage
 
@@ -222,19 +222,11 @@ def serve(port: int, addr: str) -> MetricsServer:
     return MetricsServer(server, thread)
 
 
-async def read_queue_depths(redis: Redis, keys: Keys, roles: Sequence[str] = ROLES) -> dict[str, int]:
-    async with redis.pipeline(transaction=False) as pipe:
-        for role in roles:
-            pipe.zcard(keys.queue(role))
-        counts = await pipe.execute()
-    return {role: int(n) for role, n in zip(roles, counts, strict=True)}
-
-
-async def refresh_queue_depth_forever(redis: Redis, keys: Keys, interval: float) -> None:
+async def refresh_queue_depth_forever(redis: RedisClient, keys: Keys, interval: float) -> None:
     """Keep `taskloom_queue_depth` current; a failed read keeps the last values and is counted."""
     while True:
         try:
-            for role, depth in (await read_queue_depths(redis, keys)).items():
+            for role, depth in (await fleet.queue_depths(redis, keys)).items():
                 QUEUE_DEPTH.labels(role).set(depth)
         except Exception as exc:
             QUEUE_READ_ERRORS.inc()

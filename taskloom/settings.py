@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from bus.keys import Keys
 from bus.ledger import ModelPrice
 from bus.ratelimit import RateLimit, load_rate_limits
+from bus.runtime import Limits
 from bus.schemas import MAX_BUDGET_TOKENS
 
 ENV_PREFIX = "TASKLOOM_"
@@ -45,7 +46,10 @@ def default_home() -> Path:
     return Path(platformdirs.user_data_dir("taskloom", appauthor=False))
 
 
-class Settings(BaseSettings):
+class Settings(Limits, BaseSettings):
+    """Every `TASKLOOM_*` variable; the limits every role respects (max_steps, task_timeout, ...) are
+    the fields of `bus.runtime.Limits`, inherited here."""
+
     # An empty variable counts as unset (TASKLOOM_PRICES= or TASKLOOM_HOME= means the default), as in
     # most tools that read the environment; the default is never the current directory.
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True, env_ignore_empty=True)
@@ -84,8 +88,6 @@ class Settings(BaseSettings):
     # Capped like a goal's own budget (`Goal.budget_tokens`), so the default never exceeds what --budget accepts.
     default_budget_tokens: int = Field(default=200_000, gt=0, le=MAX_BUDGET_TOKENS)
     model: str = Field(default="demo", min_length=1, description="Claude model id, or 'demo'")
-    max_steps: int = Field(default=12, ge=1, le=1000)
-    task_timeout: float = Field(default=300, gt=0, description="wall-clock limit of one task attempt, s")
     events_maxlen: int = Field(default=10_000, ge=100, description="approximate cap of each event stream")
     tools: str = Field(default="", description="comma-separated module:attribute toolkits")
     # A JSON file of MCP servers whose tools join the catalog (`executor.sources.mcp`).
@@ -95,25 +97,9 @@ class Settings(BaseSettings):
     record: Path | None = Field(default=None, description="cassette file recording every model call")
 
     # Model calls (the anthropic SDK owns retries of 408/409/429/5xx, honouring retry-after).
-    model_max_tokens: int = Field(default=1024, ge=16, le=64_000, description="max_tokens asked per model call")
     model_max_retries: int = Field(default=2, ge=0, le=10)
     model_timeout: float = Field(default=60, gt=0, description="seconds per model HTTP request")
-    # Agent loop bounds (see bus.runtime.Limits).
-    max_task_retries: int = Field(default=2, ge=0, le=20)
-    max_replans: int = Field(default=2, ge=0, le=20)
-    max_plan_tasks: int = Field(default=20, ge=1, le=200)
-    max_plan_attempts: int = Field(default=3, ge=1, le=20, description="invalid plans sent back before the goal fails")
-    tool_output_limit: int = Field(default=4000, ge=100, description="characters of one observation the model sees")
-    tool_timeout: float = Field(default=30, gt=0, description="default seconds per tool call")
-    lease_ttl: float = Field(default=15, ge=1, le=600, description="a dead executor's task resumes after ~this")
-    compact_after_tokens: int = Field(
-        default=20_000, ge=1000, description="condense older observations once a prompt's estimate passes this"
-    )
-    dependency_result_limit: int = Field(default=2000, ge=100, description="characters of each dependency's result")
-    loop_window: int = Field(default=8, ge=1, le=100, description="repeated identical call within this many = loop")
-    # Large catalogs (MCP servers): offer the planner and each task at most this many tools, picked
-    # by the goal's or task's words (`llm.toolselect`); a smaller catalog is offered whole. 0 = all.
-    tool_select_limit: int = Field(default=16, ge=0, le=1000, description="tools offered per goal/task (0 = all)")
+    # Agent loop bounds (max_steps, task_timeout, lease_ttl, ...): the fields of bus.runtime.Limits.
 
     # Token-budget ledger (bus.ledger). A reservation lives as long as a job may run, so that a live
     # call is never forfeited; a dead worker's reservation is counted as spent after this long.

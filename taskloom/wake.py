@@ -1,4 +1,9 @@
-"""arq workers with wake-ups and short job leases.
+"""arq workers with wake-ups and short job leases: every use of arq's internals, in one module.
+
+Written against arq 0.28 (pinned to 0.28.* in pyproject.toml). It relies on three private things of
+arq, each checked by tests/test_arq_internals.py, which fails loudly when an arq upgrade changes
+them: `Worker.main` (re-implemented below), `Worker._poll_iteration` (called below), and the
+in-progress mark `arq:in-progress:<job id>` with `Worker.in_progress_timeout_s` (`hold_job`).
 
 Wake-ups: an idle worker reacts to a new job at once instead of at its next queue poll.
 
@@ -18,11 +23,14 @@ import asyncio
 import contextlib
 from typing import Any
 
-import redis.exceptions
 import structlog
 from arq.connections import log_redis_info
+from arq.constants import in_progress_key_prefix
 from arq.worker import Worker
 from arq.worker import logger as arq_logger
+
+from bus import fleet
+from bus.connection import RedisError
 
 log = structlog.get_logger("taskloom.wake")
 
@@ -52,7 +60,7 @@ class WakeableWorker(Worker):
         if job_lease is not None:
             # arq marks a job it starts "in progress" for the longest job timeout + 10 s, and only
             # re-runs a dead worker's job once the mark expires. Marked for `job_lease` instead, and
-            # renewed while the job runs (taskloom.workers._hold_job), a job whose worker died
+            # renewed while the job runs (taskloom.wake.hold_job), a job whose worker died
             # between being picked up and starting is re-run within seconds, not minutes.
             self.in_progress_timeout_s = job_lease
 
@@ -63,7 +71,7 @@ class WakeableWorker(Worker):
         arq_logger.info("Starting worker for %d functions: %s", len(self.functions), ", ".join(self.functions))
         # INFO only feeds a start-up log line; a server that refuses it (an ACL without INFO, or
         # fakeredis under `taskloom.testing`) or is briefly unreachable must not stop the worker.
-        with contextlib.suppress(redis.exceptions.RedisError, OSError):
+        with contextlib.suppress(RedisError, OSError):
             await log_redis_info(self.pool, arq_logger.info)
         self.ctx["redis"] = self.pool
         if self.on_startup:
@@ -98,21 +106,36 @@ class WakeableWorker(Worker):
     async def _listen(self, key: str) -> None:
         """Set the wake-up event for every new entry of the role's wake stream."""
         last = "0-0"
-        with contextlib.suppress(redis.exceptions.RedisError):
-            tail = await self.pool.xrevrange(key, count=1)
-            if tail:
-                last = tail[0][0].decode() if isinstance(tail[0][0], bytes) else str(tail[0][0])
+        with contextlib.suppress(RedisError):
+            last = await fleet.last_wake(self.pool, key)
         failures = 0
         while True:
             try:
-                reply = await self.pool.xread({key: last}, count=100, block=BLOCK_MS)
+                newest = await fleet.next_wake(self.pool, key, last, BLOCK_MS)
                 failures = 0
-            except (redis.exceptions.RedisError, OSError) as exc:
+            except (RedisError, OSError) as exc:
                 failures += 1
                 log.warning("wake.listen_failed", error=str(exc))  # the poll timer still works
                 await asyncio.sleep(reconnect_delay(failures))
                 continue
-            if reply:
-                entry = reply[0][1][-1][0]
-                last = entry.decode() if isinstance(entry, bytes) else str(entry)
+            if newest is not None:
+                last = newest
                 self._woken.set()
+
+
+async def hold_job(ctx: dict[str, Any], ttl: float) -> None:
+    """Keep arq's "in progress" mark of a running job alive in short leases.
+
+    arq marks a started job in progress for the longest job timeout + 10 s (over 10 minutes here),
+    and only re-runs the job of a dead worker once that mark expires. Our workers set the mark for
+    `ttl` when they pick a job up (`WakeableWorker`), and this renews it while the job runs, so
+    another worker re-runs a dead worker's job after at most `ttl` seconds; every handler is safe
+    to run twice. (In arq 0.28 the mark is `arq:in-progress:<job id>`; if it changes, jobs still
+    run, just without this shortcut, and tests/test_arq_internals.py fails.)
+    """
+    key = in_progress_key_prefix + str(ctx.get("job_id"))
+    redis = ctx["redis"]
+    while True:
+        with contextlib.suppress(Exception):  # a missed renewal only risks an early duplicate run
+            await redis.pexpire(key, int(ttl * 1000))
+        await asyncio.sleep(ttl / 3)

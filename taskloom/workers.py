@@ -22,18 +22,18 @@ import functools
 import random
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import structlog
 from arq.connections import ArqRedis
-from arq.constants import in_progress_key_prefix
 from arq.worker import Function, Retry, Worker, func
 from pydantic import ValidationError
 
 import critic.handlers as critic
 import executor.handlers as executor
 import planner.handlers as planner
+from bus import fleet
 from bus.connection import connect
 from bus.events import EventLog
 from bus.jobs import JobPayload, parse_payload
@@ -42,7 +42,16 @@ from bus.ledger import Ledger, PriceTable
 from bus.metered import Degrade, ModelFactory
 from bus.observe import Observer, install, observe
 from bus.ratelimit import RateLimiter
-from bus.retry import GiveUp, RetryPolicy, TroubleClock, describe, is_redis_trouble, on_model_error, on_other_error
+from bus.retry import (
+    GiveUp,
+    RetryPolicy,
+    TroubleClock,
+    count_job_error,
+    describe,
+    is_redis_trouble,
+    on_model_error,
+    on_other_error,
+)
 from bus.runtime import Limits, Runtime
 from bus.schemas import Event, GoalState
 from bus.store import CorruptRecord, IllegalTransition, NotFound
@@ -61,7 +70,7 @@ from planner.supervise import supervise
 from . import health, metrics
 from .settings import Settings
 from .settings import keys_for as keys_for  # re-exported: callers import it from here
-from .wake import WakeableWorker
+from .wake import WakeableWorker, hold_job
 
 log = structlog.get_logger("taskloom.worker")
 
@@ -79,22 +88,7 @@ def handlers_for(role: str, tools: ToolCatalog, stopping: Callable[[], bool] | N
 
 
 def limits_for(settings: Settings) -> Limits:
-    return Limits(
-        max_steps=settings.max_steps,
-        task_timeout=settings.task_timeout,
-        model_max_tokens=settings.model_max_tokens,
-        max_task_retries=settings.max_task_retries,
-        max_replans=settings.max_replans,
-        max_plan_tasks=settings.max_plan_tasks,
-        max_plan_attempts=settings.max_plan_attempts,
-        tool_output_limit=settings.tool_output_limit,
-        tool_timeout=settings.tool_timeout,
-        lease_ttl=settings.lease_ttl,
-        compact_after_tokens=settings.compact_after_tokens,
-        dependency_result_limit=settings.dependency_result_limit,
-        loop_window=settings.loop_window,
-        tool_select_limit=settings.tool_select_limit,
-    )
+    return Limits.of(settings)
 
 
 def load_tools(settings: Settings, with_mcp: bool = True) -> Catalog:
@@ -132,24 +126,6 @@ def make_inner_model(settings: Settings) -> ModelPort:
     return RecordingModel(model, settings.record) if settings.record is not None else model
 
 
-async def _hold_job(ctx: dict[str, Any], ttl: float) -> None:
-    """Keep arq's "in progress" mark of a running job alive in short leases.
-
-    arq marks a started job in progress for the longest job timeout + 10 s (over 10 minutes here),
-    and only re-runs the job of a dead worker once that mark expires. Our workers set the mark for
-    `ttl` when they pick a job up (`WakeableWorker`), and this renews it while the job runs, so
-    another worker re-runs a dead worker's job after at most `ttl` seconds; every handler is safe
-    to run twice. (arq is pinned to 0.28.*, whose mark
-    is `arq:in-progress:<job id>`; if it changes, jobs still run, just without this shortcut.)
-    """
-    key = in_progress_key_prefix + str(ctx.get("job_id"))
-    redis = ctx["redis"]
-    while True:
-        with contextlib.suppress(Exception):  # a missed renewal only risks an early duplicate run
-            await redis.pexpire(key, int(ttl * 1000))
-        await asyncio.sleep(ttl / 3)
-
-
 def _job_function(role: str, name: str, handler: Handler) -> Function:
     async def run(ctx: dict[str, Any], raw: Any) -> None:
         base = {"role": role, "job_id": ctx.get("job_id"), "job_try": ctx.get("job_try")}
@@ -165,7 +141,7 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
             log.info("job.start", function=name)
             observe(lambda o: o.job_started(role, name))
             outcome = "ok"
-            holder = asyncio.create_task(_hold_job(ctx, ctx["runtime"].limits.lease_ttl))
+            holder = asyncio.create_task(hold_job(ctx, ctx["runtime"].limits.lease_ttl))
             try:
                 goal_id = getattr(payload, "goal_id", None)
                 if goal_id is not None and await ctx["runtime"].store.expire_if_late(goal_id):
@@ -234,10 +210,7 @@ async def _after_failure(rt: Runtime, role: str, name: str, payload: JobPayload,
     else:
         cause = "redis" if is_redis_trouble(exc) else "internal"
         if cause == "internal":
-            # Counted apart from arq's try number, which also counts provider retries and crash re-runs.
-            key = rt.keys.job_errors(rt.jobs.job_id(payload))
-            tries = int(await rt.redis.incr(key))
-            await rt.redis.expire(key, 24 * 3600)
+            tries = await count_job_error(rt.redis, rt.keys, rt.jobs.job_id(payload))
         decision = on_other_error(exc, tries, policy)
         detail = f"{type(exc).__name__}: {exc}"
     if isinstance(decision, GiveUp):
@@ -315,7 +288,6 @@ def build_runtime(
         keys,
         settings.events_maxlen,
         models=factory,
-        ledger=ledger,
         limits=limits_for(settings),
         tool_catalog=tuple(registry.definitions()) if isinstance(registry, ToolRegistry) else (),
         tools=registry if isinstance(registry, Catalog) else None,
@@ -338,7 +310,7 @@ def build_workers(
             **worker_settings(role, settings, registry, stopping),
             redis_pool=redis,
             burst=burst,
-            ctx={"runtime": runtime, "role": role, "settings": settings},
+            ctx={"runtime": runtime, "role": role},
             wake_key=runtime.keys.wake(role) if settings.wake else None,
             job_lease=settings.lease_ttl,
         )
@@ -383,71 +355,110 @@ async def run_workers(
     `signals=False`: the caller handles SIGTERM/SIGINT (and sets `stop`), as `taskloom run --local` does."""
     stop = stop or asyncio.Event()
     owned = False
+    metrics_server = None
+    previous_observer: Observer | None = None
+    with _signals_set(stop, signals):
+        try:
+            catalog = load_tools(settings, with_mcp=bool({"planner", "executor"} & set(roles)))
+            owned = model is None
+            model = model or make_inner_model(settings)
+            if settings.metrics_port is not None and not burst:
+                metrics_server = metrics.serve(settings.metrics_port, settings.metrics_addr)
+                previous_observer = install(metrics.PrometheusObserver())
+            async with catalog, connect(settings.redis_url, settings.home) as redis:
+                # Every source is listed once now: a tool name collision stops start-up, naming both.
+                await catalog.start()
+                await _run_fleet(roles, settings, redis, model, catalog, burst, stop, metrics_server)
+        finally:
+            if metrics_server is not None:
+                metrics_server.close()
+            if previous_observer is not None:
+                install(previous_observer)
+            close = getattr(model, "aclose", None) if owned else None
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
+
+
+@contextlib.contextmanager
+def _signals_set(stop: asyncio.Event, signals: bool) -> Iterator[None]:
+    """SIGTERM and SIGINT set `stop` while in the block (where the event loop allows handlers);
+    nothing when `signals` is False."""
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     for sig in (signal.SIGTERM, signal.SIGINT) if signals else ():
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
-    metrics_server = None
-    previous_observer: Observer | None = None
     try:
-        catalog = load_tools(settings, with_mcp=bool({"planner", "executor"} & set(roles)))
-        owned = model is None
-        model = model or make_inner_model(settings)
-        if settings.metrics_port is not None and not burst:
-            metrics_server = metrics.serve(settings.metrics_port, settings.metrics_addr)
-            previous_observer = install(metrics.PrometheusObserver())
-        async with catalog, connect(settings.redis_url, settings.home) as redis:
-            # Every source is listed once now: a tool name collision stops start-up, naming both.
-            await catalog.start()
-            # The executors' handlers read `stop` to hand their attempts over between steps.
-            runtime, workers = build_workers(roles, settings, redis, model, catalog, burst, stop.is_set)
-            instance = health.instance_id()
-            log.info(
-                "worker.started",
-                roles=list(roles),
-                poll_delay=settings.poll_delay,
-                embedded=settings.embedded,
-                instance=instance,
-                metrics_port=metrics_server.port if metrics_server else None,
-            )
-            mains = [asyncio.create_task(w.main(), name=f"arq-{r}") for w, r in zip(workers, roles, strict=True)]
-            side = []
-            if not burst and "planner" in roles:
-                side.append(asyncio.create_task(_supervise_forever(runtime, settings)))
-            if not burst and "executor" in roles:
-                side.append(asyncio.create_task(_recover_forever(runtime)))
-            if not burst:
-                beat = health.heartbeat_forever(redis, runtime.keys, roles, instance, settings.heartbeat_ttl)
-                side.append(asyncio.create_task(beat))
-            if metrics_server is not None:
-                depths = metrics.refresh_queue_depth_forever(redis, runtime.keys, settings.metrics_interval)
-                side.append(asyncio.create_task(depths))
-            stopper = asyncio.create_task(stop.wait())
-            if burst:
-                await asyncio.wait(mains, return_when=asyncio.ALL_COMPLETED)
-            else:
-                await asyncio.wait([*mains, stopper], return_when=asyncio.FIRST_COMPLETED)
-            await _shutdown(workers, mains, [*side, stopper], settings.shutdown_grace)
-            await redis.delete(*(runtime.keys.health_check(r) for r in roles))
-            if not burst:
-                await health.deregister(redis, runtime.keys, roles, instance)
-            for task in mains:
-                if task.done() and not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-            log.info("worker.stopped", roles=list(roles), jobs_complete=sum(w.jobs_complete for w in workers))
+        yield
     finally:
-        if metrics_server is not None:
-            metrics_server.close()
-        if previous_observer is not None:
-            install(previous_observer)
         for sig in installed:
             loop.remove_signal_handler(sig)
-        close = getattr(model, "aclose", None) if owned else None
-        if close is not None:
-            with contextlib.suppress(Exception):
-                await close()
+
+
+async def _run_fleet(
+    roles: Sequence[str],
+    settings: Settings,
+    redis: ArqRedis,
+    model: ModelPort,
+    catalog: Catalog,
+    burst: bool,
+    stop: asyncio.Event,
+    metrics_server: metrics.MetricsServer | None,
+) -> None:
+    """Run the role workers and their background tasks until stopped, then shut them down."""
+    # The executors' handlers read `stop` to hand their attempts over between steps.
+    runtime, workers = build_workers(roles, settings, redis, model, catalog, burst, stop.is_set)
+    instance = health.instance_id()
+    log.info(
+        "worker.started",
+        roles=list(roles),
+        poll_delay=settings.poll_delay,
+        embedded=settings.embedded,
+        instance=instance,
+        metrics_port=metrics_server.port if metrics_server else None,
+    )
+    mains = [asyncio.create_task(w.main(), name=f"arq-{r}") for w, r in zip(workers, roles, strict=True)]
+    side = _background(runtime, settings, redis, roles, instance, burst, with_metrics=metrics_server is not None)
+    stopper = asyncio.create_task(stop.wait())
+    if burst:
+        await asyncio.wait(mains, return_when=asyncio.ALL_COMPLETED)
+    else:
+        await asyncio.wait([*mains, stopper], return_when=asyncio.FIRST_COMPLETED)
+    await _shutdown(workers, mains, [*side, stopper], settings.shutdown_grace)
+    await fleet.clear_health_checks(redis, runtime.keys, roles)
+    if not burst:
+        await fleet.deregister(redis, runtime.keys, roles, instance)
+    for task in mains:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+    log.info("worker.stopped", roles=list(roles), jobs_complete=sum(w.jobs_complete for w in workers))
+
+
+def _background(
+    runtime: Runtime,
+    settings: Settings,
+    redis: ArqRedis,
+    roles: Sequence[str],
+    instance: str,
+    burst: bool,
+    *,
+    with_metrics: bool,
+) -> list[asyncio.Task[Any]]:
+    """The process's periodic tasks: supervisor (planner), watchdog (executor), heartbeat, metrics."""
+    side: list[asyncio.Task[Any]] = []
+    if not burst and "planner" in roles:
+        side.append(asyncio.create_task(_supervise_forever(runtime, settings)))
+    if not burst and "executor" in roles:
+        side.append(asyncio.create_task(_recover_forever(runtime)))
+    if not burst:
+        beat = health.heartbeat_forever(redis, runtime.keys, roles, instance, settings.heartbeat_ttl)
+        side.append(asyncio.create_task(beat))
+    if with_metrics:
+        depths = metrics.refresh_queue_depth_forever(redis, runtime.keys, settings.metrics_interval)
+        side.append(asyncio.create_task(depths))
+    return side
 
 
 async def _shutdown(

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 TASKLOOM = [sys.executable, "-m", "taskloom"]
 
@@ -93,3 +94,13 @@ def mcp_log(path: Path) -> list[dict[str, object]]:
     import json
 
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def store_result(redis: Any, keys: Any, result: Any) -> None:
+    """Store an attempt's result the way an executor does: under the attempt's lease, then free it."""
+    from bus.attempts import AttemptStore
+
+    attempt = AttemptStore(redis, keys, result.goal_id, result.task_id, result.attempt)
+    assert await attempt.acquire("test-executor", ttl=30)
+    await attempt.save_result(result)
+    await attempt.finish()

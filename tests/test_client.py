@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from bus.client import Client, WaitTimeout
 from bus.jobs import Jobs, PlanJob
 from bus.keys import Keys
-from bus.schemas import Goal, GoalRecord, GoalState
+from bus.schemas import GoalState
 from bus.store import AlreadyExists, NotFound
 
 
@@ -59,20 +59,6 @@ async def test_resubmitting_under_the_same_id_is_idempotent(redis: ArqRedis, key
     assert await redis.zcard(keys.queue("planner")) == 1
     with pytest.raises(AlreadyExists):
         await client.submit("something else", goal_id="mine-1")
-
-
-async def test_reconcile_enqueues_a_goal_stored_but_never_enqueued(redis: ArqRedis, keys: Keys) -> None:
-    """A crash between storing and enqueueing leaves a `submitted` goal; the reconciler enqueues it once."""
-    client = Client(redis, keys, default_budget_tokens=5000)
-    record = GoalRecord(id="stranded", goal=Goal(text="hello"), budget_tokens=10)
-    await client.store.create_goal(record)  # stored, but the process "died" before enqueueing
-    assert await redis.zcard(keys.queue("planner")) == 0
-    assert await client.reconcile(older_than=3600) == 0  # too young to be considered stranded
-    assert await client.reconcile(older_than=0) == 1
-    assert await client.reconcile(older_than=0) == 0  # deterministic job id: no duplicate
-    assert await redis.zcard(keys.queue("planner")) == 1
-    await client.store.transition_goal("stranded", GoalState.PLANNING)
-    assert await client.store.submitted_before(record.created_at.replace(year=2100)) == []
 
 
 async def test_wait_returns_at_the_end_and_times_out_before(redis: ArqRedis, keys: Keys) -> None:

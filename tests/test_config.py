@@ -71,14 +71,12 @@ def test_every_key_carries_the_prefix() -> None:
 
 def test_every_limit_is_a_setting_with_the_same_default() -> None:
     """Each field of bus.runtime.Limits can be set by a TASKLOOM_ variable, and defaults agree."""
-    import dataclasses
-
     from bus.runtime import Limits
     from taskloom.workers import limits_for
 
-    names = {f.name for f in dataclasses.fields(Limits)}
-    assert names <= set(Settings.model_fields)
+    assert set(Limits.model_fields) <= set(Settings.model_fields)
     assert limits_for(load_settings()) == Limits()
+    assert limits_for(load_settings(max_steps=5, lease_ttl=2.5)) == Limits(max_steps=5, lease_ttl=2.5)
 
 
 def test_unknown_variables_are_named_with_the_closest_setting() -> None:

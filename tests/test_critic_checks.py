@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from bus.runtime import Limits
-from bus.schemas import TaskResult, TaskSpec, TaskStopReason, Verdict
+from bus.schemas import TaskResult, TaskSpec, Verdict
 from critic.checks import check_result, decide
 
 SPEC = TaskSpec(id="t", title="t", instructions="do", definition_of_done="done", tools=["lookup_order"])
 NO_TOOLS = SPEC.model_copy(update={"tools": []})
 
 
-def result(answer: str = "42", stop: TaskStopReason = "answered", tool_calls: int = 1) -> TaskResult:
+def result(answer: str = "42", stop: str = "answered", tool_calls: int = 1) -> TaskResult:
     return TaskResult(goal_id="g", task_id="t", attempt=1, answer=answer, stop_reason=stop, tool_calls=tool_calls)
 
 

@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 from arq.connections import ArqRedis
+from helpers import store_result
 
 from bus.jobs import AdvanceJob, ExecuteJob, JobPayload, ReplanJob, ReviewGoalJob, ReviewJob
 from bus.keys import Keys
 from bus.ledger import Ledger
 from bus.metered import ModelFactory
 from bus.runtime import Limits, Runtime
-from bus.schemas import Event, Goal, GoalRecord, GoalState, Plan, TaskResult, TaskState, TaskStopReason
+from bus.schemas import Event, Goal, GoalRecord, GoalState, Plan, TaskResult, TaskState
 from critic.handlers import review, review_goal
 from llm import DemoModel
 from llm.anthropic import AnthropicModel
@@ -71,7 +72,7 @@ async def in_review(
     answer: str = "ANSWER: 42",
     *,
     attempt: int = 1,
-    stop: TaskStopReason = "answered",
+    stop: str = "answered",
     tool_calls: int = 1,
     first_attempt: int | None = None,
 ) -> None:
@@ -81,7 +82,7 @@ async def in_review(
     result = TaskResult(
         goal_id="g1", task_id=tid, attempt=attempt, answer=answer, stop_reason=stop, tool_calls=tool_calls
     )
-    await rt.store.save_result(result)
+    await store_result(rt.redis, rt.keys, result)
     await rt.store.transition_task("g1", tid, TaskState.REVIEWING, expected_attempt=attempt)
 
 

@@ -12,6 +12,8 @@ import pytest
 import toolkits_for_tests as tk
 from arq.connections import ArqRedis
 
+from bus.approvals import AlreadyDecided
+from bus.attempts import AttemptStore, LeaseLost
 from bus.client import Client
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.keys import Keys
@@ -20,7 +22,6 @@ from bus.schemas import GoalState, Plan, TaskResult, TaskSpec, TaskState
 from bus.store import NotFound
 from executor.handlers import execute
 from executor.registry import ToolRegistry
-from executor.steps import AttemptStore, LeaseLost
 from llm.anthropic import AnthropicModel
 from llm.testing import FakeAnthropicServer, RecordedRequest, text_reply, tool_reply
 from llm.types import ModelResponse, ToolUseBlock, Usage
@@ -242,8 +243,9 @@ async def test_approval_pauses_the_task_and_a_denial_reaches_the_model(
     (call_id,) = pending
     assert pending[call_id]["tool"] == "wipe" and pending[call_id]["input"] == {"target": "prod"}
     assert await env.client.decide(env.goal_id, call_id, approved=False, reason="not on a Friday")
-    # decided already: nothing changes, the denial stands and can be read back
-    assert not await env.client.decide(env.goal_id, call_id, approved=True)
+    # decided already: nothing changes (AlreadyDecided names it), the denial stands and can be read back
+    with pytest.raises(AlreadyDecided):
+        await env.client.decide(env.goal_id, call_id, approved=True)
     assert await env.client.decision(env.goal_id, call_id) == "denied:not on a Friday"
     with pytest.raises(NotFound):  # a call that never asked for approval
         await env.client.decide(env.goal_id, "toolu_never_asked", approved=True)
@@ -345,7 +347,7 @@ async def test_long_histories_are_condensed_before_the_call(
 ) -> None:
     """Past the token threshold, older observations are cut to stubs; the newest stay whole."""
     env = await start_task(redis, keys, settings, model, ["big"], tool_output_limit=9000)
-    env.rt = replace(env.rt, limits=replace(env.rt.limits, compact_after_tokens=3000))
+    env.rt = replace(env.rt, limits=env.rt.limits.model_copy(update={"compact_after_tokens": 3000}))
     fake.enqueue(*(tool_reply([("big", {"n": i})]) for i in range(8)), text_reply("done"))
     assert (await run(env)).answer == "done"
     last = fake.message_requests[8].messages

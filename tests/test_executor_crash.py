@@ -11,11 +11,11 @@ from typing import Any
 from arq.connections import ArqRedis
 from helpers import TASKLOOM, eventually, fake_model_env
 
+from bus.attempts import AttemptStore
 from bus.client import Client
 from bus.jobs import ExecuteJob
 from bus.keys import Keys
 from bus.schemas import GoalState, Plan, TaskSpec, TaskState
-from executor.steps import AttemptStore
 from llm.testing import FakeAnthropicServer, RecordedRequest, Reply, text_reply, tool_reply
 
 TESTS_DIR = Path(__file__).parent

@@ -12,6 +12,7 @@ from pathlib import Path
 from arq.connections import ArqRedis
 from helpers import TASKLOOM, eventually, run_cli
 
+from bus import fleet
 from bus.keys import Keys
 from taskloom import health
 from taskloom.settings import Settings
@@ -85,7 +86,7 @@ async def test_a_worker_stopped_cleanly_leaves_no_heartbeat(redis: ArqRedis, key
 
 async def test_local_only_counts_this_hosts_workers(redis: ArqRedis, keys: Keys) -> None:
     """A container probe (--local) is not fooled by a live worker of the same role on another host."""
-    await health.beat(redis, keys, ["executor"], "another-pod:1", ttl=30)
+    await fleet.beat(redis, keys, ["executor"], "another-pod:1", ttl=30)
     assert (await health.check(redis, keys, ["executor"])).ok
     local = await health.check(redis, keys, ["executor"], host=socket.gethostname())
     assert not local.ok and local.reasons == [f"no live executor worker on host {socket.gethostname()}"]

@@ -2,13 +2,13 @@
 
 - `llm` imports nothing of ours; `bus` imports only `llm`; a role (planner, executor, critic) imports
   only `bus` and `llm`, never another role and never the composition root `taskloom`.
-- Redis belongs to `bus`: a module elsewhere that imports `redis` is a violation, except the ones
-  listed in `REDIS_OUTSIDE_BUS`, which are being moved and may only shrink.
+- Redis belongs to `bus`: a module elsewhere that imports `redis`, or holds a Lua script, is a violation.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,15 +27,6 @@ ALLOWED: dict[str, set[str]] = {
     "taskloom": set(OURS),
 }
 
-# Modules outside `bus` that still talk to Redis directly. The list may only shrink: the test fails
-# both when a new module starts importing `redis` and when a listed one no longer does.
-REDIS_OUTSIDE_BUS = {
-    "executor/steps.py",
-    "taskloom/cli.py",
-    "taskloom/health.py",
-    "taskloom/metrics.py",
-    "taskloom/wake.py",
-}
 
 
 def imported_modules(path: Path, package: str | None = None) -> set[str]:
@@ -75,22 +66,45 @@ def test_package_imports_follow_the_layering(package: str) -> None:
     assert layering_violations(package) == []
 
 
-def redis_importers() -> set[str]:
-    found = set()
-    for package in OURS:
-        if package == "bus":
-            continue
-        for path in modules_of(package):
-            if any(name == "redis" or name.startswith("redis.") for name in imported_modules(path)):
-                found.add(str(path.relative_to(ROOT)))
-    return found
+LUA_MARKERS = ("register_script(", "redis.call(", ".eval(", ".evalsha(")
 
 
-def test_only_bus_talks_to_redis_except_the_listed_modules() -> None:
-    """A new module outside bus/ importing redis fails; so does a listed one that no longer needs to."""
-    found = redis_importers()
-    assert found - REDIS_OUTSIDE_BUS == set(), "new modules outside bus/ import redis"
-    assert REDIS_OUTSIDE_BUS - found == set(), "these modules no longer import redis: drop them from the list"
+def outside_bus(breaks_rule: Callable[[Path], bool]) -> set[str]:
+    """Modules outside bus/ for which `breaks_rule` holds."""
+    return {
+        str(path.relative_to(ROOT))
+        for package in OURS
+        if package != "bus"
+        for path in modules_of(package)
+        if breaks_rule(path)
+    }
+
+
+def imports_redis(path: Path) -> bool:
+    # The package only names relative imports, which are never `redis`.
+    return any(name == "redis" or name.startswith("redis.") for name in imported_modules(path, package="."))
+
+
+def holds_lua(path: Path) -> bool:
+    text = path.read_text()
+    return any(marker in text for marker in LUA_MARKERS)
+
+
+def test_only_bus_talks_to_redis() -> None:
+    """No module outside bus/ imports redis: roles and the composition root go through bus."""
+    assert outside_bus(imports_redis) == set()
+
+
+def test_every_lua_script_lives_in_bus() -> None:
+    """No module outside bus/ registers, runs or spells out a Lua script: state changes live in bus."""
+    assert outside_bus(holds_lua) == set()
+
+
+def test_the_redis_and_lua_checks_see_a_violation(tmp_path: Path) -> None:
+    """A sample importing redis and registering a script is caught by both checks."""
+    sample = tmp_path / "x.py"
+    sample.write_text('from redis.asyncio import Redis\nS = r.register_script("return 1")\n')
+    assert imports_redis(sample) and holds_lua(sample)
 
 
 def test_the_checker_sees_a_forbidden_import(tmp_path: Path) -> None:

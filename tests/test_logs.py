@@ -8,7 +8,7 @@ import logging
 
 import structlog
 
-from taskloom.logs import configure_logging, get_logger
+from taskloom.logs import configure_logging
 
 
 def test_json_lines_with_context_and_no_api_key() -> None:
@@ -16,7 +16,7 @@ def test_json_lines_with_context_and_no_api_key() -> None:
     buf = io.StringIO()
     configure_logging("INFO", json=True, stream=buf)
     try:
-        log = get_logger("test")
+        log = structlog.stdlib.get_logger("test")
         with structlog.contextvars.bound_contextvars(goal_id="g1", task_id="t1", role="executor"):
             log.info("model.call", api_key="sk-ant-api03-SECRETSECRET", note="used sk-ant-api03-OTHERSECRET")
             log.info("http", headers={"Authorization": "Bearer abcdefghijklmnop", "x-api-key": "k"})
@@ -39,7 +39,8 @@ def test_logged_values_are_capped() -> None:
     configure_logging("INFO", json=True, stream=buf)
     try:
         big = {"text": "x" * 1_000_000}
-        get_logger("test").error("job.invalid_payload", errors=[{"input": big}], ids=list(range(10_000)))
+        log = structlog.stdlib.get_logger("test")
+        log.error("job.invalid_payload", errors=[{"input": big}], ids=list(range(10_000)))
     finally:
         logging.getLogger().handlers.clear()
         structlog.reset_defaults()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from arq.connections import ArqRedis, create_pool
+from helpers import store_result
 
 from bus.connection import redis_settings
 from bus.jobs import AdvanceJob, ExecuteJob, JobPayload, PlanJob, ReplanJob, ReviewGoalJob
@@ -91,9 +92,8 @@ async def accept(rt: Runtime, gid: str, tid: str, answer: str = "ok") -> int:
         await rt.store.transition_task(gid, tid, TaskState.READY, attempt=rec.attempt + 1)
         rec = await rt.store.get_task(gid, tid)
     await rt.store.transition_task(gid, tid, TaskState.RUNNING, expected_attempt=rec.attempt)
-    await rt.store.save_result(
-        TaskResult(goal_id=gid, task_id=tid, attempt=rec.attempt, answer=answer, stop_reason="answered")
-    )
+    result = TaskResult(goal_id=gid, task_id=tid, attempt=rec.attempt, answer=answer, stop_reason="answered")
+    await store_result(rt.redis, rt.keys, result)
     await rt.store.transition_task(gid, tid, TaskState.REVIEWING, expected_attempt=rec.attempt)
     await rt.store.transition_task(gid, tid, TaskState.DONE, expected_attempt=rec.attempt)
     return rec.attempt

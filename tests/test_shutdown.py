@@ -17,6 +17,7 @@ from typing import Any
 from arq.connections import ArqRedis
 from helpers import TASKLOOM, eventually, fake_model_env
 
+from bus.attempts import AttemptStore
 from bus.client import Client
 from bus.jobs import ExecuteJob
 from bus.keys import Keys
@@ -26,7 +27,6 @@ from bus.runtime import Limits, Runtime
 from bus.schemas import GoalState, Plan, TaskSpec, TaskState
 from executor.handlers import execute
 from executor.registry import ToolRegistry
-from executor.steps import AttemptStore, lease_member
 from executor.toolkit import Toolkit
 from llm.anthropic import AnthropicModel
 from llm.testing import FakeAnthropicServer, RecordedRequest, Reply, text_reply, tool_reply
@@ -177,7 +177,7 @@ async def test_a_job_cancelled_at_the_end_of_the_grace_releases_its_lease_at_onc
         fake.respond_with(_script)
         model = AnthropicModel("claude-test", api_key="sk-ant-test", base_url=fake.base_url)
         ledger = Ledger(redis, keys)
-        rt = Runtime.build(redis, keys, models=ModelFactory(model, ledger), ledger=ledger, limits=Limits(lease_ttl=60))
+        rt = Runtime.build(redis, keys, models=ModelFactory(model, ledger), limits=Limits(lease_ttl=60))
         client = Client(redis, keys, default_budget_tokens=100_000)
         gid = await _ready_task(client)
         stopping = asyncio.Event()
@@ -199,7 +199,7 @@ async def test_a_job_cancelled_at_the_end_of_the_grace_releases_its_lease_at_onc
 
     assert int(await redis.hget(lease, "expires_ms")) == 0
     assert int(await redis.hget(lease, "epoch")) == epoch + 1  # the old holder is fenced off
-    score = await redis.zscore(keys.leases(), lease_member(gid, "t1", 1))
+    score = await redis.zscore(keys.leases(), keys.lease_member(gid, "t1", 1))
     assert score is not None and score <= time.time() * 1000  # expired: any watchdog resumes it now
     assert "end 1" not in (tmp_path / "tool.txt").read_text()  # the tool was stopped with its job
     resumed = AttemptStore(redis, keys, gid, "t1", 1)

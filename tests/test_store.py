@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from arq.connections import ArqRedis, create_pool
 
+from bus.attempts import AttemptStore
 from bus.connection import redis_settings
 from bus.events import EventLog
 from bus.keys import Keys
@@ -124,12 +125,14 @@ async def test_cancel_cancels_unfinished_tasks_atomically(redis: ArqRedis, keys:
 
 
 async def test_result_first_write_wins(redis: ArqRedis, keys: Keys) -> None:
-    """A re-run attempt cannot overwrite the result its first run stored."""
+    """A re-run attempt cannot overwrite the result its first run stored (the store reads it back)."""
     store = Store(redis, keys)
+    attempt = AttemptStore(redis, keys, "g1", "a", 1)
+    assert await attempt.acquire("first-run", ttl=30)
     first = TaskResult(goal_id="g1", task_id="a", attempt=1, answer="first", stop_reason="answered")
     second = TaskResult(goal_id="g1", task_id="a", attempt=1, answer="second", stop_reason="answered")
-    assert await store.save_result(first)
-    assert not await store.save_result(second)
+    assert await attempt.save_result(first)
+    assert not await attempt.save_result(second)
     got = await store.get_result("g1", "a", 1)
     assert got is not None and got.answer == "first"
 

@@ -53,6 +53,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from llm.forced import validation_problems
 from llm.types import ToolDef
 
 from ..registry import ToolLoadError
@@ -152,8 +153,7 @@ def load_config(path: str | Path) -> McpConfig:
     try:
         config = McpConfig.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_url=False))
-        raise McpConfigError(f"{where}: {problems}") from None
+        raise McpConfigError(f"{where}: {'; '.join(validation_problems(exc))}") from None
     for name in config.servers:
         if not SERVER_NAME.match(name):
             raise McpConfigError(f"{where}: server name {name!r} must match {SERVER_NAME.pattern} (no dots)")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from llm.pairing import check_tool_pairing
 from llm.testing.script import Reply, Script
 from llm.types import (
+    ANTHROPIC_STOP_REASONS,
     ContentBlock,
     Message,
     ModelRequest,
@@ -103,11 +104,17 @@ def request_from_wire(body: Mapping[str, Any]) -> ModelRequest:
     )
 
 
+# The wire name of each neutral stop reason (the first Anthropic name that maps onto it).
+TO_ANTHROPIC: dict[str, str] = {}
+for _wire, _neutral in ANTHROPIC_STOP_REASONS.items():
+    TO_ANTHROPIC.setdefault(_neutral, _wire)
+
+
 def reply_from_response(response: ModelResponse, *, delay: float = 0.0) -> Reply:
     """A fake-server reply carrying `response`'s content and stop reason (usage is recounted)."""
     return Reply(
         content=[b.model_dump(exclude_defaults=False) for b in response.content],
-        stop_reason=response.stop_reason,
+        stop_reason=TO_ANTHROPIC[response.stop_reason],
         delay=delay,
     )
 

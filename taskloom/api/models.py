@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bus.schemas import GoalRecord, GoalState, StoredPlan, TaskRecord, TaskStopReason
+from bus.schemas import GoalRecord, GoalState, StoredPlan, TaskRecord
+from bus.stops import TaskStop
 from llm.types import Usage
 
 Scope = Literal["read", "submit", "approve", "admin"]
@@ -105,7 +106,7 @@ class Verdict(_Out):
 class AttemptOut(_Out):
     attempt: int
     answer: str
-    stop_reason: TaskStopReason
+    stop_reason: TaskStop
     steps: int
     tool_calls: int
     usage: Usage

@@ -26,6 +26,7 @@ from arq.constants import result_key_prefix
 from arq.jobs import Job
 from arq.worker import Worker
 
+from bus.attempts import AttemptStore, StepRecord
 from bus.client import Client
 from bus.keys import ROLES, Keys
 from bus.ledger import Ledger, LedgerNotFound, LedgerSnapshot
@@ -33,7 +34,6 @@ from bus.runtime import Runtime
 from bus.schemas import Event, Goal, GoalRecord, GoalState, StoredPlan, TaskRecord, TaskResult
 from executor.demo_tools import support
 from executor.registry import ToolRegistry, load_toolkits
-from executor.steps import AttemptStore, StepRecord
 from executor.toolkit import Toolkit
 from llm.demo import DemoModel
 from llm.port import ModelPort

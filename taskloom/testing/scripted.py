@@ -63,8 +63,8 @@ def _response(content: list[ContentBlock], stop_reason: StopReason, output_token
 
 
 def text(answer: str, *, output_tokens: int | None = None) -> ModelResponse:
-    """A plain text reply (`end_turn`): an executor's answer, or the goal's final answer."""
-    return _response([TextBlock(text=answer)], "end_turn", output_tokens)
+    """A plain text reply (`stop`): an executor's answer, or the goal's final answer."""
+    return _response([TextBlock(text=answer)], "stop", output_tokens)
 
 
 def tool_calls(*calls: tuple[str, Mapping[str, Any]], say: str | None = None) -> ModelResponse:
@@ -73,7 +73,7 @@ def tool_calls(*calls: tuple[str, Mapping[str, Any]], say: str | None = None) ->
         raise ValueError("tool_calls needs at least one (name, arguments) pair")
     content: list[ContentBlock] = [TextBlock(text=say)] if say else []
     content += [ToolUseBlock(id=f"toolu_script_{next(_ids)}", name=name, input=dict(args)) for name, args in calls]
-    return _response(content, "tool_use", None)
+    return _response(content, "tool_call", None)
 
 
 def tool_call(name: str, /, **args: Any) -> ModelResponse:

@@ -68,7 +68,7 @@ async def test_parallel_tool_calls_round_trip(server: FakeAnthropicServer, model
     )
     request = _request(metadata={"goal_id": "g-1"})
     first = await model.complete(request)
-    assert first.stop_reason == "tool_use"
+    assert first.stop_reason == "tool_call"
     assert [(t.name, t.input) for t in first.tool_uses] == [
         ("svc.order.lookup", {"order_id": "A100"}),
         ("refund_policy", {}),
@@ -79,7 +79,7 @@ async def test_parallel_tool_calls_round_trip(server: FakeAnthropicServer, model
     final = await model.complete(
         request.model_copy(update={"messages": [*request.messages, first.as_message(), results]})
     )
-    assert final.stop_reason == "end_turn"
+    assert final.stop_reason == "stop"
     assert final.text == "A100 can be refunded."
     assert final.request_id == server.requests[-1].request_id
     assert first.usage + final.usage == server.billed

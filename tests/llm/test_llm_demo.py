@@ -14,8 +14,9 @@ from llm.demo import DEADLINE_DOD, DEADLINE_MARK, FEEDBACK
 from llm.testing import FakeAnthropicServer, responder_from_model
 
 GOAL = "Can orders A100, A101 and A107 be refunded? Today is 2026-10-13."
-PLAN = ToolDef(name="submit_plan", input_schema={"type": "object"})
-VERDICT = ToolDef(name="submit_verdict", input_schema={"type": "object"})
+# The demo tells the roles' forms apart by the fields they require, not by their names.
+PLAN = ToolDef(name="submit_plan", input_schema={"type": "object", "required": ["tasks"]})
+VERDICT = ToolDef(name="submit_verdict", input_schema={"type": "object", "required": ["passed", "action"]})
 LOOKUP = ToolDef(
     name="lookup_order",
     input_schema={"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
@@ -41,7 +42,7 @@ def _plan_request(prompt: str) -> ModelRequest:
 
 def _plan(prompt: str) -> dict[str, Any]:
     response = DemoModel().respond(_plan_request(prompt))
-    assert response.stop_reason == "tool_use" and response.tool_uses[0].name == "submit_plan"
+    assert response.stop_reason == "tool_call" and response.tool_uses[0].name == "submit_plan"
     return response.tool_uses[0].input
 
 
@@ -81,9 +82,9 @@ def _run_task(model: DemoModel, instructions: str) -> str:
     request = _executor_request(instructions)
     for _ in range(4):
         response = model.respond(request)
-        if response.stop_reason == "end_turn":
+        if response.stop_reason == "stop":
             return response.text
-        assert response.stop_reason == "tool_use"
+        assert response.stop_reason == "tool_call"
         results = []
         for call in response.tool_uses:
             content = ORDERS[call.input["order_id"]] if call.name == "lookup_order" else POLICY_TEXT
@@ -97,7 +98,7 @@ def test_executor_calls_both_tools_in_one_turn_then_answers() -> None:
     """First turn: lookup_order(order from the task) and refund_policy in parallel; then an end_turn answer."""
     model = DemoModel()
     first = model.respond(_executor_request(f"Goal: {GOAL}\nTask: Look up order A101 and check the policy."))
-    assert first.stop_reason == "tool_use"
+    assert first.stop_reason == "tool_call"
     assert [(c.name, c.input) for c in first.tool_uses] == [
         ("lookup_order", {"order_id": "A101"}),
         ("refund_policy", {}),
@@ -142,7 +143,7 @@ def test_summary_task_answers_without_tools() -> None:
         messages=[Message.user("Summarize.\nOrder A100: refundable\nOrder A107: cancelled")], max_tokens=500
     )
     response = DemoModel().respond(request)
-    assert response.stop_reason == "end_turn"
+    assert response.stop_reason == "stop"
     assert "Order A100: refundable" in response.text and "Order A107: cancelled" in response.text
 
 
@@ -161,7 +162,7 @@ def test_max_tokens_truncates() -> None:
     response = DemoModel().respond(
         _executor_request("Summarize A100 " + "x" * 400).model_copy(update={"tools": [], "max_tokens": 5})
     )
-    assert response.stop_reason == "max_tokens" and response.usage.output_tokens == 5
+    assert response.stop_reason == "length" and response.usage.output_tokens == 5
 
 
 async def test_complete_waits_the_simulated_latency() -> None:
@@ -201,3 +202,17 @@ def test_demo_refund_decision_is_fixed_arithmetic(record: dict[str, object], tod
     line = _refund_decision("A1", results, f"Goal: ... Today is {today}.")
     assert line is not None and expect in line
     assert _refund_decision("A1", results, "no date here") is None
+
+
+def test_demo_knows_the_forms_by_their_fields_not_their_names() -> None:
+    """A plan form under another name still gets a plan; a form with neither shape gets placeholders."""
+    renamed = ToolDef(name="make_plan", input_schema=PLAN.input_schema)
+    request = ModelRequest(
+        messages=[Message.user("Answer: what is 2+2?")], tools=[renamed], tool_choice=ToolChoice.force("make_plan"),
+        max_tokens=4000,
+    )
+    assert [t["id"] for t in DemoModel().respond(request).tool_uses[0].input["tasks"]] == ["answer"]
+    schema = {"type": "object", "required": ["note"], "properties": {"note": {"type": "string"}}}
+    other = ToolDef(name="submit_plan", input_schema=schema)
+    request = request.model_copy(update={"tools": [other], "tool_choice": ToolChoice.force("submit_plan")})
+    assert "tasks" not in DemoModel().respond(request).tool_uses[0].input

@@ -186,7 +186,7 @@ def test_module_entrypoint_serves_demo_rules() -> None:
             messages=[
                 {"role": "user", "content": "Can orders A100 and A101 be refunded? Tools: lookup_order, refund_policy"}
             ],
-            tools=[{"name": "submit_plan", "input_schema": {"type": "object"}}],
+            tools=[{"name": "submit_plan", "input_schema": {"type": "object", "required": ["tasks"]}}],
             tool_choice={"type": "tool", "name": "submit_plan"},
         )
         client.close()

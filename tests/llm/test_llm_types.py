@@ -65,7 +65,7 @@ def test_response_round_trips_and_helpers() -> None:
     """A response round-trips through JSON; `.text` joins text blocks and `.tool_uses` lists the calls."""
     response = ModelResponse(
         content=[TextBlock(text="a"), ToolUseBlock(id="x", name="f", input={}), TextBlock(text="b")],
-        stop_reason="tool_use",
+        stop_reason="tool_call",
         usage=Usage(input_tokens=1, output_tokens=2, cache_read_tokens=3, cache_write_tokens=4),
         request_id="req_1",
         model="m",
@@ -144,3 +144,17 @@ def test_demo_and_adapter_satisfy_the_port() -> None:
 
     assert isinstance(DemoModel(), ModelPort)
     assert isinstance(AnthropicModel("m", api_key="k", base_url="http://127.0.0.1:9"), ModelPort)
+
+
+def test_stop_reasons_stored_under_anthropic_names_read_as_neutral_ones() -> None:
+    """A checkpoint written with `end_turn`/`tool_use`/... reads back as `stop`/`tool_call`/...; others fail."""
+    base = {"content": [{"type": "text", "text": "a"}], "usage": {}, "model": "m"}
+    def read(name: str) -> str:
+        return ModelResponse.model_validate({**base, "stop_reason": name}).stop_reason
+
+    assert (read("end_turn"), read("stop_sequence"), read("tool_use")) == ("stop", "stop", "tool_call")
+    assert (read("max_tokens"), read("refusal")) == ("length", "content_filter")
+    assert (read("pause_turn"), read("model_context_window_exceeded")) == ("pause", "context_length")
+    assert read("stop") == "stop"  # a neutral name reads as itself
+    with pytest.raises(ValidationError):
+        ModelResponse.model_validate({**base, "stop_reason": "whatever"})

@@ -1,6 +1,7 @@
-"""Crash-safe steps: each task attempt's ReAct steps, checkpointed in Redis under a fenced lease.
+"""Attempt persistence: each task attempt's ReAct steps, checkpointed in Redis under a fenced lease,
+and the lease set the executors' watchdogs read. The executor's loop decides; this module stores.
 
-Keys (from `Keys.attempt(goal, task, attempt)`):
+Keys (from `Keys.attempt_lease/attempt_steps/attempt_pending(goal, task, attempt)`):
 * `:lease`   hash  epoch, holder, expires_ms, started_ms (the attempt's first start; deadlines count from it)
 * `:steps`   list  completed StepRecord JSON, in order
 * `:pending` hash  the step in progress: `turn` (the model's reply, stored before any tool runs, so a
@@ -15,16 +16,37 @@ executor whose lease was taken over is told so (`LeaseLost`) at its next write.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
-from bus.keys import Keys
-from bus.schemas import TaskResult
 from llm.types import Message, ModelResponse, Usage
 
-from .gateway import ToolOutcome
+from .keys import Keys
+from .schemas import TaskResult
+
+# How one tool call ended (the gateway decides; the step record keeps it).
+Outcome = Literal[
+    "ok", "not_allowed", "unknown_tool", "invalid_args", "error", "timeout", "denied", "unknown_outcome", "cancelled"
+]
+
+
+class ToolOutcome(BaseModel):
+    """One call's result: what the model sees, and the full output kept in the step record."""
+
+    model_config = ConfigDict(frozen=True)
+
+    call_id: str
+    tool: str
+    outcome: Outcome
+    content: str  # for the model (maybe truncated)
+    full: str  # untruncated
+    seconds: float = 0.0
+
+    @property
+    def is_error(self) -> bool:
+        return self.outcome != "ok"
 
 
 class LeaseLost(Exception):
@@ -146,24 +168,16 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def lease_member(goal_id: str, task_id: str, attempt: int) -> str:
-    return f"{goal_id}|{task_id}|{attempt}"
-
-
-def parse_member(member: str) -> tuple[str, str, int]:
-    goal_id, task_id, attempt = member.split("|")
-    return goal_id, task_id, int(attempt)
-
-
 class AttemptStore:
     """Checkpoints of one task attempt, written under its lease."""
 
     def __init__(self, redis: Redis, keys: Keys, goal_id: str, task_id: str, attempt: int) -> None:
         self.redis = redis
         self.keys = keys
-        base = keys.attempt(goal_id, task_id, attempt)
-        self.lease_key, self.steps_key, self.pending_key = f"{base}:lease", f"{base}:steps", f"{base}:pending"
-        self.member = lease_member(goal_id, task_id, attempt)
+        self.lease_key = keys.attempt_lease(goal_id, task_id, attempt)
+        self.steps_key = keys.attempt_steps(goal_id, task_id, attempt)
+        self.pending_key = keys.attempt_pending(goal_id, task_id, attempt)
+        self.member = keys.lease_member(goal_id, task_id, attempt)
         self.epoch = 0
         self.started_ms = 0
         self._acquire = redis.register_script(_ACQUIRE)
@@ -248,17 +262,11 @@ class AttemptStore:
         """Store the attempt's result under the lease; False if a result was already stored."""
         out = await self._save_result(
             keys=[self.lease_key, self.results_key],
-            args=[self.epoch, f"{result.task_id}:{result.attempt}", result.model_dump_json()],
+            args=[self.epoch, self.keys.result_field(result.task_id, result.attempt), result.model_dump_json()],
         )
         if not out:
             raise LeaseLost(self.member, self.epoch)
         return int(out) == 1
-
-    async def check(self) -> None:
-        """Raise `LeaseLost` if another executor took the attempt over."""
-        epoch = await self.redis.hget(self.lease_key, "epoch")  # type: ignore[misc]
-        if epoch is None or int(epoch) != self.epoch:
-            raise LeaseLost(self.member, self.epoch)
 
 
 async def claim_expired(redis: Redis, keys: Keys, limit: int, hold_for: float) -> list[tuple[str, str, int]]:
@@ -270,5 +278,22 @@ async def claim_expired(redis: Redis, keys: Keys, limit: int, hold_for: float) -
     for raw in members:
         member = raw.decode() if isinstance(raw, bytes) else str(raw)
         if await script(keys=[keys.leases()], args=[member, now, now + int(hold_for * 1000)]):
-            claimed.append(parse_member(member))
+            claimed.append(keys.parse_lease_member(member))
     return claimed
+
+
+async def drop_lease(redis: Redis, keys: Keys, goal_id: str, task_id: str, attempt: int) -> None:
+    """Forget an attempt in the lease set (it ended; no watchdog needs to resume it)."""
+    await redis.zrem(keys.leases(), keys.lease_member(goal_id, task_id, attempt))
+
+
+async def leased(redis: Redis, keys: Keys, goal_id: str, attempts: dict[str, int]) -> set[str]:
+    """Which of the goal's tasks (task id -> current attempt) have their attempt in the lease set."""
+    if not attempts:
+        return set()
+    ids = list(attempts)
+    async with redis.pipeline(transaction=False) as pipe:
+        for t in ids:
+            pipe.zscore(keys.leases(), keys.lease_member(goal_id, t, attempts[t]))
+        scores = await pipe.execute()
+    return {t for t, score in zip(ids, scores, strict=True) if score is not None}

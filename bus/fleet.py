@@ -1,0 +1,74 @@
+"""The worker fleet as Redis sees it: heartbeats per role, queue depths, the wake-up streams.
+
+Everything the composition root (`taskloom.health`, `taskloom.metrics`, `taskloom.wake`) reads or
+writes about workers, so that no module outside `bus` talks to Redis. Keys from `bus.keys`:
+* `workers(role)` sorted set: worker instance (`host:pid`) by heartbeat expiry (ms);
+* `queue(role)` arq's queue (ZCARD: queued and deferred jobs);
+* `wake(role)` stream: one entry per enqueued job (`Jobs.enqueue`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+
+from .keys import ROLES, Keys
+
+# Dead members are kept this long, so that `taskloom health` can say when a worker was last seen.
+FORGET_AFTER_MS = 3600 * 1000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _s(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+async def beat(redis: Redis, keys: Keys, roles: Sequence[str], instance: str, ttl: float) -> None:
+    """Mark `instance` alive in each role for `ttl` seconds; forget members dead for an hour."""
+    now = now_ms()
+    async with redis.pipeline(transaction=False) as pipe:
+        for role in roles:
+            pipe.zadd(keys.workers(role), {instance: now + int(ttl * 1000)})
+            pipe.zremrangebyscore(keys.workers(role), "-inf", now - FORGET_AFTER_MS)
+        await pipe.execute()
+
+
+async def deregister(redis: Redis, keys: Keys, roles: Sequence[str], instance: str) -> None:
+    for role in roles:
+        await redis.zrem(keys.workers(role), instance)
+
+
+async def heartbeats(redis: Redis, keys: Keys, role: str) -> list[tuple[str, int]]:
+    """The role's worker instances with their heartbeat expiry (ms)."""
+    rows = await redis.zrange(keys.workers(role), 0, -1, withscores=True)
+    return [(_s(m), int(score)) for m, score in rows]
+
+
+async def clear_health_checks(redis: Redis, keys: Keys, roles: Sequence[str]) -> None:
+    """Delete arq's health-check keys of the roles (a stopped worker's would look alive for a while)."""
+    await redis.delete(*(keys.health_check(r) for r in roles))
+
+
+async def queue_depths(redis: Redis, keys: Keys, roles: Sequence[str] = ROLES) -> dict[str, int]:
+    async with redis.pipeline(transaction=False) as pipe:
+        for role in roles:
+            pipe.zcard(keys.queue(role))
+        counts = await pipe.execute()
+    return {role: int(n) for role, n in zip(roles, counts, strict=True)}
+
+
+async def last_wake(redis: Redis, key: str) -> str:
+    """Id of the wake stream's newest entry ('0-0' if none): a listener starts after it."""
+    tail = await redis.xrevrange(key, count=1)
+    return _s(tail[0][0]) if tail else "0-0"
+
+
+async def next_wake(redis: Redis, key: str, last: str, block_ms: int) -> str | None:
+    """Block up to `block_ms` for entries after `last`; the newest entry's id, or None."""
+    reply = await redis.xread({key: last}, count=100, block=block_ms)
+    return _s(reply[0][1][-1][0]) if reply else None

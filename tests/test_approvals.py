@@ -1,0 +1,34 @@
+"""Approval records: the stored form of requests and decisions, and the first decision winning."""
+
+from __future__ import annotations
+
+from arq.connections import ArqRedis
+
+from bus.approvals import ApprovalBook, ApprovalDecision, ApprovalRequest
+from bus.keys import Keys
+from bus.schemas import Event
+
+
+def test_decisions_keep_their_stored_form() -> None:
+    """`approved` and `denied:<reason>` stay the stored strings (the Redis layout of wave 1)."""
+    assert ApprovalDecision(approved=True).encode() == "approved"
+    assert ApprovalDecision(approved=False, reason="too much").encode() == "denied:too much"
+    assert ApprovalDecision.decode("denied:too much") == ApprovalDecision(approved=False, reason="too much")
+    assert ApprovalDecision.decode("approved").approved
+    assert ApprovalDecision.decode("denied:") == ApprovalDecision(approved=False, reason="")
+
+
+async def test_the_stored_request_and_decision_read_back_as_records(redis: ArqRedis, keys: Keys) -> None:
+    """The request body is an ApprovalRequest; the first decision stands and reads back typed."""
+    book = ApprovalBook(redis, keys)
+    event = Event(type="tool.approval_requested", goal_id="g1", task_id="t1", data={"call_id": "c1"})
+    assert await book.request("g1", "c1", "t1", 2, "refund", {"id": "A1"}, event)
+    raw = await redis.hget(keys.approval_requests("g1"), "c1")
+    stored = ApprovalRequest.model_validate_json(raw)
+    assert (stored.task_id, stored.attempt, stored.tool, stored.input) == ("t1", 2, "refund", {"id": "A1"})
+    denied = ApprovalDecision(approved=False, reason="no")
+    decided = Event(type="tool.approval_decided", goal_id="g1", task_id="t1", data={"call_id": "c1"})
+    assert await book.decide("g1", "c1", denied.encode(), decided) == "ok"
+    assert await book.decide("g1", "c1", ApprovalDecision(approved=True).encode(), decided) == "decided"
+    assert await book.decided("g1", "c1") == denied
+    assert await book.requests("g1") == {}
