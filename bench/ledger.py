@@ -3,9 +3,12 @@
     python -m bench.ledger [--redis-url redis://127.0.0.1:6379/0] [--ops 3000] [--clients 1,10,100]
 
 For each number of concurrent clients (coroutines sharing one connection pool), measures reserve +
-settle pairs per second and their p50/p99 latency, then a plain PING under the same concurrency, in
-the same run. The target is a pair costing no more than about 3 round trips (p50 ratio <= 3): a
-reserve is one EVALSHA and a settle another. Everything is written under a unique key prefix and
+settle pairs per second and their p50/p99 latency, then the same pairs on the tenant-pool path (a
+goal of a tenant with a monthly pool limited in tokens and dollars, the goal with a dollar budget
+too: the reserve script reads the tenant's settings and draws from the goal and the period pool in
+both units), then a plain PING under the same concurrency, in the same run. The target is a pair
+costing no more than about 3 round trips (p50 ratio <= 3): a reserve is one EVALSHA and a settle
+another. Everything is written under a unique key prefix and
 deleted afterwards. When the URL cannot be reached, an embedded redis-server is started instead.
 """
 
@@ -29,9 +32,11 @@ from redis.asyncio import Redis
 from bus.connection import connect
 from bus.keys import Keys
 from bus.ledger import Ledger
+from bus.tenants import Tenants
 from llm.types import Usage
 
 GOAL = "bench"
+TENANT_GOAL = "bench-tenant"
 USAGE = Usage(input_tokens=400, output_tokens=700, cache_read_tokens=50)
 
 
@@ -66,15 +71,13 @@ async def measure(clients: int, ops: int, op: Callable[[], Awaitable[object]]) -
     return latencies, time.perf_counter() - start
 
 
-async def compare(
-    clients: int, ops: int, pair: Callable[[], Awaitable[object]], ping: Callable[[], Awaitable[object]]
-) -> tuple[Stats, Stats]:
-    results: dict[str, tuple[list[float], float]] = {"pair": ([], 0.0), "ping": ([], 0.0)}
+async def compare(clients: int, ops: int, named: dict[str, Callable[[], Awaitable[object]]]) -> dict[str, Stats]:
+    results: dict[str, tuple[list[float], float]] = {name: ([], 0.0) for name in named}
     for _ in range(ROUNDS):
-        for name, op in (("pair", pair), ("ping", ping)):
+        for name, op in named.items():
             lat, wall = await measure(clients, ops // ROUNDS, op)
             results[name] = (results[name][0] + lat, results[name][1] + wall)
-    return stats(*results["pair"]), stats(*results["ping"])
+    return {name: stats(*r) for name, r in results.items()}
 
 
 @contextlib.asynccontextmanager
@@ -100,19 +103,30 @@ async def run(url: str, ops: int, levels: list[int]) -> str:
         keys = Keys(prefix=f"bench:{uuid.uuid4().hex[:12]}:")
         ledger = Ledger(redis, keys)
         await ledger.open(GOAL, 10**15)
+        await Tenants(redis, keys).set("bench", period="month", budget_tokens=10**15, budget_usd=10**9)
+        await ledger.open(TENANT_GOAL, 10**15, budget_usd=10**5, tenant="bench")
 
         async def pair() -> None:
             res = await ledger.reserve(GOAL, 500, 1000, model="claude-sonnet-4-5")
             await ledger.settle(res, USAGE, model="claude-sonnet-4-5")
 
+        async def tenant_pair() -> None:
+            res = await ledger.reserve(TENANT_GOAL, 500, 1000, model="claude-sonnet-4-5")
+            await ledger.settle(res, USAGE, model="claude-sonnet-4-5")
+
         async def ping() -> None:
             await redis.ping()
 
+        ops_by_name = {"pair": pair, "tenant": tenant_pair, "ping": ping}
         try:
-            await compare(max(levels), 1000, pair, ping)  # warm up: scripts loaded, connections open
-            rows = [(clients, *await compare(clients, ops, pair, ping)) for clients in levels]
-            snap = await ledger.snapshot(GOAL)
-            assert snap.reserved == 0 and snap.open == 0, snap
+            await compare(max(levels), 1000, ops_by_name)  # warm up: scripts loaded, connections open
+            rows = []
+            for clients in levels:
+                r = await compare(clients, ops, ops_by_name)
+                rows.append((clients, r["pair"], r["tenant"], r["ping"]))
+            for goal in (GOAL, TENANT_GOAL):
+                snap = await ledger.snapshot(goal)
+                assert snap.reserved == 0 and snap.open == 0, snap
         finally:
             async for key in redis.scan_iter(match=f"{keys.prefix}*", count=1000):
                 await redis.delete(key)
@@ -120,19 +134,21 @@ async def run(url: str, ops: int, levels: list[int]) -> str:
     return report(rows, where, str(info.get("redis_version", "?")), ops)
 
 
-def report(rows: list[tuple[int, Stats, Stats]], where: str, version: str, ops: int) -> str:
+def report(rows: list[tuple[int, Stats, Stats, Stats]], where: str, version: str, ops: int) -> str:
     lines = [
-        f"Redis {version} at {where}; {ops} operations per level; python {platform.python_version()}",
+        f"Redis {version} at {where}; {ops} operations per level and path; python {platform.python_version()}",
         "",
-        "| clients | pairs/s | pair p50 ms | pair p99 ms | PING/s | PING p50 ms | PING p99 ms | p50 ratio "
+        "| clients | path | pairs/s | pair p50 ms | pair p99 ms | PING/s | PING p50 ms | PING p99 ms | p50 ratio "
         "| p99 ratio |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for clients, p, r in rows:
-        lines.append(
-            f"| {clients} | {p.per_second:,.0f} | {p.p50_ms:.3f} | {p.p99_ms:.3f} | {r.per_second:,.0f} | "
-            f"{r.p50_ms:.3f} | {r.p99_ms:.3f} | {p.p50_ms / r.p50_ms:.2f} | {p.p99_ms / r.p99_ms:.2f} |"
-        )
+    for clients, p, t, r in rows:
+        for path, x in (("goal only", p), ("goal + tenant pool, tokens + USD", t)):
+            lines.append(
+                f"| {clients} | {path} | {x.per_second:,.0f} | {x.p50_ms:.3f} | {x.p99_ms:.3f} | "
+                f"{r.per_second:,.0f} | {r.p50_ms:.3f} | {r.p99_ms:.3f} | {x.p50_ms / r.p50_ms:.2f} | "
+                f"{x.p99_ms / r.p99_ms:.2f} |"
+            )
     return "\n".join(lines)
 
 

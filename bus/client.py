@@ -25,6 +25,7 @@ from .keys import Keys
 from .ledger import Ledger
 from .schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, StoredPlan, TaskRecord
 from .store import AlreadyExists, NotFound, Store
+from .tenants import Period, Tenants, TenantSettings, TenantView
 
 
 class WaitTimeout(TimeoutError):
@@ -65,6 +66,7 @@ class Client:
         self.log = EventLog(redis, keys, events_maxlen)
         self.jobs = Jobs(redis, keys)
         self.ledger = Ledger(redis, keys)
+        self.tenants = Tenants(redis, keys)
         self.approval_book = ApprovalBook(redis, keys, events_maxlen)
 
     @classmethod
@@ -106,7 +108,7 @@ class Client:
                 traceparent=tracing.current_traceparent() or tracing.new_traceparent(),
             )
             # The books first (idempotent), so that no goal ever exists without its budget.
-            await self.ledger.open(gid, record.budget_tokens)
+            await self.ledger.open(gid, record.budget_tokens, budget_usd=goal.budget_usd, tenant=goal.tenant)
             created = await self.store.create_goal(record, {"text": goal.text[:200]})
             parent = None
             if not created:
@@ -174,6 +176,32 @@ class Client:
                 for event in await self.log.read(goal_id, after=after):
                     yield event
                 return
+
+    # -- tenants (bus.tenants) -------------------------------------------------------------------
+    async def tenant_set(
+        self,
+        name: str,
+        *,
+        period: Period | None = None,
+        budget_tokens: int | None = None,
+        budget_usd: float | None = None,
+        max_running: int | None = None,
+    ) -> TenantSettings:
+        """Change a tenant's pool atomically (unset arguments keep their value; 0 = no limit)."""
+        return await self.tenants.set(
+            name, period=period, budget_tokens=budget_tokens, budget_usd=budget_usd, max_running=max_running
+        )
+
+    async def tenant_show(self, name: str) -> TenantView:
+        """The tenant's settings, running slots and spend per period, model and kind."""
+        return await self.tenants.show(name)
+
+    async def tenant_list(self) -> list[TenantView]:
+        return [await self.tenants.show(n, periods=1) for n in await self.tenants.names()]
+
+    async def tenant_reset(self, name: str) -> str:
+        """Start the tenant's current period afresh; returns the period pool's name."""
+        return await self.tenants.reset(name)
 
     async def cancel(self, goal_id: str, reason: str = "cancelled by request") -> bool:
         """Cancel a goal and its unfinished tasks. False if it was already cancelled.

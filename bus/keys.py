@@ -142,6 +142,33 @@ class Keys:
     def pool_prefix(self) -> str:
         return f"{self.prefix}pool:"
 
+    # -- tenants ---------------------------------------------------------------------------------
+    def tenant(self, name: str) -> str:
+        """Hash: the tenant's pool settings (period, budget_tokens, budget_micro, max_running).
+        The reserve script derives `<this>:periods` (sorted set of the tenant's period pool names by
+        first use); each period's books are the pool `tenant:<name>:<period label>`."""
+        return f"{self.prefix}tenant:{name}"
+
+    def tenant_periods(self, name: str) -> str:
+        return f"{self.tenant(name)}:periods"
+
+    def tenant_running(self, name: str) -> str:
+        """Sorted set: the tenant's running task attempts (`goal/task`) by slot expiry."""
+        return f"{self.tenant(name)}:running"
+
+    def tenants(self) -> str:
+        """Set of every tenant name that has settings."""
+        return f"{self.prefix}tenants"
+
+    # -- fleet-wide rate limits ------------------------------------------------------------------
+    def ratelimit(self, model: str) -> str:
+        """Hash: the model's token buckets (requests, input and output tokens) and penalty state;
+        `<this>:queue` is the sorted set of waiting calls in fair order."""
+        return f"{self.prefix}ratelimit:{model}"
+
+    def ratelimit_queue(self, model: str) -> str:
+        return f"{self.ratelimit(model)}:queue"
+
     # -- executor checkpoints, leases and approvals --------------------------------------------
     def attempt(self, goal_id: str, task_id: str, attempt: int) -> str:
         """Base of one task attempt's keys: `:steps` (list), `:pending` (hash), `:lease` (hash)."""

@@ -11,7 +11,10 @@ does):
   `spent_input`, `spent_output`, `spent_cache_read`, `spent_cache_write`, `spent_unknown`
   (forfeited and expired reservations), `calls`, `cost_micro_usd`, `refusals`, `open`, `releases`,
   `forfeits`, `expired`, `overrun`, `unpriced`, and `pools` (the pool names, one a line);
-* pool books (per tenant, per day...), the same hash under `{prefix}pool:{name}`;
+* pool books (per tenant, per day...), the same hash under `{prefix}pool:{name}`; a goal opened
+  with a tenant also draws from the tenant's pool of the current period (`bus.tenants`);
+* dollars beside tokens in every book: `budget_micro` (0/absent = no dollar limit),
+  `reserved_micro` (worst-case cost held by open reservations) and `cost_micro_usd` (spent);
 * open reservations: one global hash id -> record (`goal key`, amount, forfeit cost, pool keys,
   one a line) and one global sorted set id -> expiry time. Global, so an expired reservation of a
   goal nobody touches any more is still swept by any reserve, and its pools get their headroom back.
@@ -48,6 +51,13 @@ from .store import NotFound
 
 # Pool names end up inside Redis keys and inside newline-separated records.
 POOL_NAME_PATTERN = r"^[A-Za-z0-9_.:@-]{1,128}$"
+# Tenant names too, and inside pool names (`tenant:<name>:<period>`): no colon.
+TENANT_NAME_PATTERN = r"^[A-Za-z0-9_.@-]{1,64}$"
+
+
+def usd_to_micro(usd: float) -> int:
+    """Dollars as integer micro-USD (rounded down: a budget never grows by rounding)."""
+    return int(Decimal(str(usd)) * 1_000_000)
 # Expired reservations closed per script call: bounds the time one reserve can spend sweeping.
 SWEEP_BATCH = 100
 
@@ -83,22 +93,49 @@ class BudgetExhausted(LedgerError):
     estimate plus the fewest output tokens worth a call).
     """
 
-    def __init__(self, goal_id: str, budget: int, spent: int, reserved: int, requested: int, pool: str | None) -> None:
+    def __init__(
+        self,
+        goal_id: str,
+        budget: int,
+        spent: int,
+        reserved: int,
+        requested: int,
+        pool: str | None,
+        unit: str = "tokens",
+    ) -> None:
         where = f"pool {pool!r} of goal {goal_id}" if pool else f"goal {goal_id}"
         headroom = budget - spent - reserved
-        super().__init__(
-            f"token budget exhausted for {where}: budget {budget}, spent {spent}, reserved {reserved}, "
-            f"headroom {headroom} < {requested} needed for this call"
-        )
+        if unit == "unpriced":
+            msg = (
+                f"dollar budget of {where} cannot be kept: the model has no price "
+                "(add it to TASKLOOM_PRICES, USD per million tokens)"
+            )
+        elif unit == "usd":
+            d = 1_000_000
+            msg = (
+                f"dollar budget exhausted for {where}: budget ${budget / d:.6f}, spent ${spent / d:.6f}, "
+                f"reserved ${reserved / d:.6f}, headroom ${headroom / d:.6f} < ${requested / d:.6f} needed "
+                "for this call at its dearest rates"
+            )
+        else:
+            msg = (
+                f"token budget exhausted for {where}: budget {budget}, spent {spent}, reserved {reserved}, "
+                f"headroom {headroom} < {requested} needed for this call"
+            )
+        super().__init__(msg)
         self.goal_id = goal_id
         self.budget = budget
         self.spent = spent
         self.reserved = reserved
         self.requested = requested
         self.pool = pool
+        self.unit = unit  # "tokens", or "usd" (then the numbers are micro-USD)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.goal_id, self.budget, self.spent, self.reserved, self.requested, self.pool))
+        return (
+            type(self),
+            (self.goal_id, self.budget, self.spent, self.reserved, self.requested, self.pool, self.unit),
+        )
 
 
 # -- prices (pure) --------------------------------------------------------------------------------
@@ -174,10 +211,19 @@ class PriceTable:
         return -(-scaled // 1_000_000)  # ceiling division
 
     def per_mtok_micro(self, model: str | None) -> tuple[int, int]:
-        """(input, output) price in micro-USD per million tokens, for the reserve script, which
-        prices a forfeited reservation (input at the input price, output at the output price)."""
+        """(input, output) price in micro-USD per million tokens, for the reserve script: the
+        reservation's worst case. Input is priced at the dearest rate an input token can incur
+        (the cache-write rate when it is above the input rate), output at the output rate."""
         r = self._rates_of(model)
-        return (0, 0) if r is None else (r[0], r[1])
+        return (0, 0) if r is None else (max(r[0], r[2], r[3]), r[1])
+
+    def priced(self, model: str | None) -> bool:
+        return self._rates_of(model) is not None
+
+    def worst_cost(self, model: str | None, input_tokens: int, output_tokens: int) -> int:
+        """Micro-USD a call of this size can cost at most (what the reserve script holds)."""
+        pin, pout = self.per_mtok_micro(model)
+        return -(-(input_tokens * pin + output_tokens * pout) // 1_000_000)
 
 
 # -- the clamp decision (pure; the reserve script implements the same rule) -----------------------
@@ -227,8 +273,11 @@ class Reservation(BaseModel):
     expires_at: float = Field(description="Redis time (epoch seconds) after which it is forfeited")
     pools: tuple[str, ...] = ()
     model: str | None = None
-    # What the tightest books (the goal or one of its pools) had left once this was set aside.
-    headroom: int | None = None
+    cost_micro: int = Field(default=0, ge=0, description="worst-case micro-USD held (dearest rates)")
+    tenant_pool: str | None = Field(default=None, description="the tenant's period pool it draws from")
+    spent_fraction: float = Field(
+        default=0.0, ge=0, description="the highest spent/budget among the books it draws from, before this call"
+    )
 
 
 class LedgerSnapshot(BaseModel):
@@ -237,7 +286,9 @@ class LedgerSnapshot(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(description="the goal id, or the pool name")
-    budget: int
+    budget: int = Field(description="token budget (0 for a pool without a token limit)")
+    budget_micro_usd: int = Field(default=0, description="dollar budget in micro-USD (0 = none)")
+    reserved_micro_usd: int = Field(default=0, description="worst-case cost held by open reservations")
     reserved: int
     spent: int
     spent_input: int
@@ -267,6 +318,8 @@ class LedgerSnapshot(BaseModel):
         return cls(
             name=name,
             budget=budget,
+            budget_micro_usd=n("budget_micro"),
+            reserved_micro_usd=n("reserved_micro"),
             reserved=reserved,
             spent=spent,
             spent_input=n("spent_input"),
@@ -291,11 +344,14 @@ class LedgerSnapshot(BaseModel):
 
 # -- Lua ------------------------------------------------------------------------------------------
 
-# Shared by every script. A record is `goal key \n amount \n forfeit cost \n pool key...`.
-# `close` takes one open reservation off the books (the goal's and each pool's):
+# Shared by every script. A record is `goal key \n amount \n forfeit cost \n model \n tenant pool key
+# \n pool key...` (model and tenant pool are '-' when there is none).
+# `close` takes one open reservation off the books (the goal's, the tenant period pool's, each pool's):
 #   'settle'  spent += the reported usage (by kind), cost += the priced usage;
 #   'release' nothing spent;
 #   'forfeit' / 'expire'  spent_unknown += the full amount, cost += the worst-case cost.
+# Every book also gives back the worst-case cost it held (`reserved_micro`). The tenant period pool
+# also keeps the spend per model (`m:<model>:<kind>`), for `taskloom ledger --tenant`.
 # It returns false when the id is not open: closing is idempotent.
 _LIB = """
 local function lines(s)
@@ -311,10 +367,12 @@ end
 
 local SETTLED = {'spent_input', 'spent_output', 'spent_cache_read', 'spent_cache_write', 'cost_micro_usd',
                  'unpriced'}
+local KINDS = {'input', 'output', 'cache_read', 'cache_write', 'cost'}
 
-local function book(key, amount, fcost, mode, u)
+local function book(key, amount, fcost, mode, u, model)
   redis.call('HINCRBY', key, 'reserved', -amount)
   redis.call('HINCRBY', key, 'open', -1)
+  if fcost ~= 0 then redis.call('HINCRBY', key, 'reserved_micro', -fcost) end
   if mode == 'release' then
     redis.call('HINCRBY', key, 'releases', 1)
     return
@@ -328,11 +386,20 @@ local function book(key, amount, fcost, mode, u)
     end
     redis.call('HINCRBY', key, 'spent', total)
     if total > amount then redis.call('HINCRBY', key, 'overrun', total - amount) end
+    if model then
+      for i, kind in ipairs(KINDS) do
+        if u[i] ~= 0 then redis.call('HINCRBY', key, 'm:' .. model .. ':' .. kind, u[i]) end
+      end
+    end
   else
     redis.call('HINCRBY', key, 'spent_unknown', amount)
     redis.call('HINCRBY', key, 'spent', amount)
     redis.call('HINCRBY', key, 'cost_micro_usd', fcost)
     redis.call('HINCRBY', key, mode == 'expire' and 'expired' or 'forfeits', 1)
+    if model then
+      redis.call('HINCRBY', key, 'm:' .. model .. ':unknown', amount)
+      redis.call('HINCRBY', key, 'm:' .. model .. ':cost', fcost)
+    end
   end
 end
 
@@ -343,8 +410,9 @@ local function close(open_key, expiry_key, id, mode, u)
   redis.call('HDEL', open_key, id)
   local f = lines(rec)
   local amount, fcost = tonumber(f[2]), tonumber(f[3])
-  book(f[1], amount, fcost, mode, u)
-  for i = 4, #f do book(f[i], amount, fcost, mode, u) end
+  book(f[1], amount, fcost, mode, u, nil)
+  if f[5] ~= '-' then book(f[5], amount, fcost, mode, u, f[4]) end
+  for i = 6, #f do book(f[i], amount, fcost, mode, u, nil) end
   return true
 end
 
@@ -353,73 +421,153 @@ local function sweep(open_key, expiry_key, t, limit)
   for _, id in ipairs(ids) do close(open_key, expiry_key, id, 'expire', nil) end
   return #ids
 end
+
+-- UTC calendar date of epoch seconds `t` (H. Hinnant's civil_from_days; bus.tenants.period_label
+-- is the same rule in Python).
+local function civil(t)
+  local z = math.floor(t / 86400) + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m, d
+end
+
+local function period_label(period, t)
+  if period == 'day' then return string.format('%04d-%02d-%02d', civil(t)) end
+  if period == 'month' then
+    local y, m = civil(t)
+    return string.format('%04d-%02d', y, m)
+  end
+  return 'all'
+end
 """
 
-# KEYS: goal books. ARGV: budget, pool key prefix, then pool name/budget pairs.
+# KEYS: goal books. ARGV: token budget, pool key prefix, dollar budget (micro-USD, 0 = none),
+#       tenant ('' = none), then pool name/budget pairs.
 # Creates the goal's books (and each pool's on first use) unless they exist. Returns 1 if created.
 _OPEN = """
 if redis.call('HSETNX', KEYS[1], 'budget', ARGV[1]) == 0 then return 0 end
 local names = {}
-for i = 3, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   redis.call('HSETNX', ARGV[2] .. ARGV[i], 'budget', ARGV[i + 1])
   names[#names + 1] = ARGV[i]
 end
 redis.call('HSET', KEYS[1], 'pools', table.concat(names, '\\n'), 'reserved', 0, 'spent', 0)
+if ARGV[3] ~= '0' then redis.call('HSET', KEYS[1], 'budget_micro', ARGV[3]) end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'tenant', ARGV[4]) end
 return 1
 """
 
 # KEYS: goal books, open hash, expiry zset.
 # ARGV: reservation id, input estimate, max_tokens, min output, ttl, input and output price
-#       (micro-USD per million tokens), pool key prefix, sweep batch.
-# Returns {'ok', max_tokens, amount, expires_at, pools, headroom left} | {'missing'}
-#       | {'refused', pool name or '', budget, spent, reserved, requested}
+#       (micro-USD per million tokens, the dearest input rate), pool key prefix, sweep batch,
+#       model ('-' = none), priced (1/0), tenant key prefix.
+# Returns {'ok', max_tokens, amount, expires_at, pools, worst cost, tenant pool name, spent permille}
+#       | {'missing'} | {'refused', pool name or '', unit, budget, spent, reserved, requested}
 _RESERVE = (
     _LIB
     + """
 local t = now()
 sweep(KEYS[2], KEYS[3], t, tonumber(ARGV[9]))
-local g = redis.call('HMGET', KEYS[1], 'budget', 'spent', 'reserved', 'pools')
+local g = redis.call('HMGET', KEYS[1], 'budget', 'spent', 'reserved', 'pools', 'tenant', 'budget_micro',
+                     'cost_micro_usd', 'reserved_micro')
 if not g[1] then return {'missing'} end
 local inp, maxt, minr = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local pin, pout, priced = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[11] == '1'
+local function num(v) return tonumber(v or 0) or 0 end
+local function limit(v) local x = num(v); if x > 0 then return x end return nil end
 
--- The limiter is the books with the least headroom: the goal, or one of its pools (a missing
--- pool has budget 0). The goal wins ties, so a refusal names a pool only when the pool is tighter.
-local books = {KEYS[1]}
-local lim = {name = '', budget = tonumber(g[1]), spent = tonumber(g[2] or 0), reserved = tonumber(g[3] or 0)}
-lim.headroom = lim.budget - lim.spent - lim.reserved
+-- Every set of books this call draws from: tb/ub are the token and micro-USD budgets (nil = no
+-- limit of that unit), ts/us spent, tr/ur reserved.
+local books = {}
+local function add(key, name, tb, ts, tr, ub, us, ur)
+  books[#books + 1] = {key = key, name = name, tb = tb, ts = ts, tr = tr, ub = ub, us = us, ur = ur}
+end
+add(KEYS[1], '', num(g[1]), num(g[2]), num(g[3]), limit(g[6]), num(g[7]), num(g[8]))
 for name in string.gmatch(g[4] or '', '[^\\n]+') do
   local key = ARGV[8] .. name
-  books[#books + 1] = key
-  local p = redis.call('HMGET', key, 'budget', 'spent', 'reserved')
-  local b, s, r = tonumber(p[1] or 0), tonumber(p[2] or 0), tonumber(p[3] or 0)
-  if b - s - r < lim.headroom then
-    lim = {name = name, budget = b, spent = s, reserved = r, headroom = b - s - r}
-  end
+  local p = redis.call('HMGET', key, 'budget', 'spent', 'reserved', 'budget_micro', 'cost_micro_usd', 'reserved_micro')
+  -- A missing pool has token budget 0: it refuses.
+  add(key, name, num(p[1]), num(p[2]), num(p[3]), limit(p[4]), num(p[5]), num(p[6]))
+end
+-- The tenant's pool of the current period (UTC calendar); its limits are the tenant's settings
+-- as they are now, so lowering them takes effect at the next reservation.
+local tkey, tname, tnew = '-', '', false
+if g[5] then
+  local c = redis.call('HMGET', ARGV[12] .. g[5], 'period', 'budget_tokens', 'budget_micro')
+  tname = 'tenant:' .. g[5] .. ':' .. period_label(c[1], t)
+  tkey = ARGV[8] .. tname
+  local p = redis.call('HMGET', tkey, 'spent', 'reserved', 'cost_micro_usd', 'reserved_micro', 'budget')
+  tnew = not p[5]
+  add(tkey, tname, limit(c[2]), num(p[1]), num(p[2]), limit(c[3]), num(p[3]), num(p[4]))
 end
 
--- clamp_output() in Python: the same rule.
+-- Most output tokens with ceil((inp * pin + out * pout) / 1e6) <= h (micro-USD of headroom), or
+-- -1 when not even the input fits. Exact in doubles: past the first test, h * 1e6 is below the
+-- call's worst case, a number of at most ~1e14.
+local function usd_out(h)
+  if h * 1000000 >= inp * pin + maxt * pout then return maxt end
+  local rest = h * 1000000 - inp * pin
+  if rest < 0 then return -1 end
+  if pout == 0 then return maxt end
+  local o = math.floor(rest / pout)
+  while o > 0 and inp * pin + o * pout > h * 1000000 do o = o - 1 end
+  return o
+end
+
+-- The limiter is the books that leave the fewest output tokens; the goal wins ties, so a refusal
+-- names a pool only when the pool is tighter. clamp_output() in Python is the token rule.
+local out, lim, unit, frac = maxt, books[1], 'tokens', 0
+for _, b in ipairs(books) do
+  if b.tb then
+    if b.tb > 0 then frac = math.max(frac, b.ts / b.tb) end
+    local o = math.min(maxt, b.tb - b.ts - b.tr - inp)
+    if o < out then out, lim, unit = o, b, 'tokens' end
+  end
+  if b.ub then
+    frac = math.max(frac, b.us / b.ub)
+    local o = priced and usd_out(b.ub - b.us - b.ur) or -1
+    if o < out then out, lim, unit = o, b, priced and 'usd' or 'unpriced' end
+  end
+end
 local floor = math.max(1, math.min(maxt, minr))
-local out = math.min(maxt, lim.headroom - inp)
 if out < floor then
   redis.call('HINCRBY', KEYS[1], 'refusals', 1)
-  if lim.name ~= '' then redis.call('HINCRBY', ARGV[8] .. lim.name, 'refusals', 1) end
-  return {'refused', lim.name, tostring(lim.budget), tostring(lim.spent), tostring(lim.reserved),
-          tostring(inp + floor)}
+  if lim.name ~= '' then redis.call('HINCRBY', lim.key, 'refusals', 1) end
+  if unit == 'tokens' then
+    return {'refused', lim.name, unit, tostring(lim.tb), tostring(lim.ts), tostring(lim.tr), tostring(inp + floor)}
+  end
+  return {'refused', lim.name, unit, tostring(lim.ub), tostring(lim.us), tostring(lim.ur),
+          tostring(math.ceil((inp * pin + floor * pout) / 1000000))}
 end
 
 local amount = inp + out
-for _, key in ipairs(books) do
-  redis.call('HINCRBY', key, 'reserved', amount)
-  redis.call('HINCRBY', key, 'open', 1)
+local fcost = math.ceil((inp * pin + out * pout) / 1000000)
+for _, b in ipairs(books) do
+  redis.call('HINCRBY', b.key, 'reserved', amount)
+  redis.call('HINCRBY', b.key, 'open', 1)
+  if fcost ~= 0 then redis.call('HINCRBY', b.key, 'reserved_micro', fcost) end
 end
-local fcost = math.ceil((inp * tonumber(ARGV[6]) + out * tonumber(ARGV[7])) / 1000000)
-local rec = {KEYS[1], tostring(amount), tostring(fcost)}
-for i = 2, #books do rec[#rec + 1] = books[i] end
+if tnew then
+  -- A new period's books: `budget` 0 marks them as existing (the limits live in the tenant's settings).
+  redis.call('HSET', tkey, 'budget', 0, 'period_started', string.format('%.3f', t))
+  redis.call('ZADD', ARGV[12] .. g[5] .. ':periods', string.format('%.6f', t), tname)
+end
+local rec = {KEYS[1], tostring(amount), tostring(fcost), ARGV[10], tkey}
+for _, b in ipairs(books) do
+  if b.key ~= KEYS[1] and b.key ~= tkey then rec[#rec + 1] = b.key end
+end
 local expires = t + tonumber(ARGV[5])
 redis.call('HSET', KEYS[2], ARGV[1], table.concat(rec, '\\n'))
 redis.call('ZADD', KEYS[3], string.format('%.6f', expires), ARGV[1])
-return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or '',
-        tostring(lim.headroom - amount)}
+return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or '', tostring(fcost), tname,
+        tostring(math.floor(frac * 1000))}
 """
 )
 
@@ -489,15 +637,30 @@ class Ledger:
         self._close = redis.register_script(_CLOSE)
         self._sweep = redis.register_script(_SWEEP)
 
-    async def open(self, goal_id: str, budget_tokens: int, pools: Sequence[PoolRef] = ()) -> bool:
+    async def open(
+        self,
+        goal_id: str,
+        budget_tokens: int,
+        pools: Sequence[PoolRef] = (),
+        *,
+        budget_usd: float | None = None,
+        tenant: str | None = None,
+    ) -> bool:
         """Create the goal's books (idempotent: False, and nothing changed, if they exist).
 
         Each pool's books are created with `budget_tokens` the first time any goal names it; an
-        existing pool keeps its budget.
+        existing pool keeps its budget. `budget_usd` adds a dollar limit beside the token one;
+        `tenant` makes every reservation also draw from the tenant's pool of the current period
+        (`bus.tenants`), in the same script.
         """
         if budget_tokens <= 0:
             raise ValueError(f"budget_tokens must be positive, got {budget_tokens}")
-        args: list[str | int] = [budget_tokens, self._pool_prefix]
+        if budget_usd is not None and budget_usd <= 0:
+            raise ValueError(f"budget_usd must be positive, got {budget_usd}")
+        if tenant is not None and not re.match(TENANT_NAME_PATTERN, tenant):
+            raise ValueError(f"tenant {tenant!r} does not match {TENANT_NAME_PATTERN}")
+        micro = 0 if budget_usd is None else usd_to_micro(budget_usd)
+        args: list[str | int] = [budget_tokens, self._pool_prefix, micro, tenant or ""]
         for pool in pools:
             args += [pool.name, pool.budget_tokens]
         return bool(await self._open(keys=[self.keys.ledger(goal_id)], args=args))
@@ -516,6 +679,8 @@ class Ledger:
             raise ValueError(f"need estimated_input >= 0 and max_tokens >= 1, got {estimated_input}, {max_tokens}")
         rid = uuid.uuid4().hex
         price_in, price_out = self.prices.per_mtok_micro(model)
+        # The model is a line of the reservation's record and part of field names: no whitespace.
+        model_tag = "-" if model is None else re.sub(r"\s", "_", model)[:200] or "-"
         out = await self._reserve(
             keys=[self.keys.ledger(goal_id), self._open_key, self._expiry_key],
             args=[
@@ -528,14 +693,18 @@ class Ledger:
                 price_out,
                 self._pool_prefix,
                 SWEEP_BATCH,
+                model_tag,
+                int(self.prices.priced(model)),
+                self.keys.tenant(""),
             ],
         )
         status = _s(out[0])
         if status == "missing":
             raise LedgerNotFound(goal_id)
         if status == "refused":
-            pool, budget, spent, reserved, requested = _s(out[1]), *(int(_s(v)) for v in out[2:6])
-            raise BudgetExhausted(goal_id, budget, spent, reserved, requested, pool or None)
+            pool, unit = _s(out[1]), _s(out[2])
+            budget, spent, reserved, requested = (int(float(_s(v))) for v in out[3:7])
+            raise BudgetExhausted(goal_id, budget, spent, reserved, requested, pool or None, unit)
         return Reservation(
             id=rid,
             goal_id=goal_id,
@@ -545,7 +714,9 @@ class Ledger:
             expires_at=float(_s(out[3])),
             pools=tuple(p for p in _s(out[4]).split("\n") if p),
             model=model,
-            headroom=int(_s(out[5])),
+            cost_micro=int(_s(out[5])),
+            tenant_pool=_s(out[6]) or None,
+            spent_fraction=int(_s(out[7])) / 1000,
         )
 
     async def settle(self, reservation: Reservation, usage: Usage, *, model: str | None = None) -> bool:

@@ -43,6 +43,9 @@ class Observer:
     def budget_refused(self, model: str) -> None:
         """The ledger refused a call's reservation: nothing was sent."""
 
+    def rate_limit_wait(self, bucket: str, seconds: float) -> None:
+        """A call waited `seconds` for its turn in the fleet's rate limit `bucket` (bus.ratelimit)."""
+
     def tool_call(self, tool: str, outcome: str, seconds: float) -> None:
         """A tool call ended with `outcome` (executor.gateway's outcome names)."""
 

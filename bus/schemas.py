@@ -65,6 +65,12 @@ class Goal(_Model):
     budget_tokens: int | None = Field(
         default=None, gt=0, le=MAX_BUDGET_TOKENS, description="token budget; unset = the configured default"
     )
+    budget_usd: float | None = Field(
+        default=None, gt=0, le=1_000_000, description="dollar budget (cache-aware prices); unset = none"
+    )
+    tenant: str = Field(
+        default="default", pattern=r"^[A-Za-z0-9_.@-]{1,64}$", description="whose pool the goal spends from"
+    )
     allowed_tools: list[str] | None = Field(default=None, description="tool names allowed; unset = all loaded")
     metadata: dict[str, str] = Field(default_factory=dict, description="free-form labels, returned as given")
     deadline: datetime | None = Field(default=None, description="absolute time after which the goal fails")

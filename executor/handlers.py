@@ -23,6 +23,7 @@ from bus.runtime import Runtime
 from bus.schemas import GOAL_TERMINAL, Event, GoalRecord, TaskRecord, TaskResult, TaskState
 from bus.stops import TaskStop
 from bus.store import IllegalTransition, NotFound, StaleWrite
+from bus.tenants import TenantBusy, Tenants
 from llm.toolselect import select_tools
 from llm.types import ToolUseBlock
 
@@ -91,7 +92,35 @@ async def execute(
 ) -> None:
     """Run or resume one task attempt with the tools of `tools` (a `ToolRegistry`, or the worker's
     live `Catalog`). `stopping()` turns true when this worker shuts down: the loop then hands the
-    attempt over between two steps (see `_hand_over`)."""
+    attempt over between two steps (see `_hand_over`).
+
+    The attempt holds one of its tenant's running slots (`bus.tenants`, `max_running`) while it
+    runs; when none is free, `TenantBusy` escapes and the job layer runs this job again shortly."""
+    goal = await rt.store.get_goal(job.goal_id)
+    if goal.state in GOAL_TERMINAL:
+        log.info("execute.skipped", reason=f"goal {goal.state.value}")
+        return
+    tenants = Tenants(rt.redis, rt.keys)
+    tenant, member = goal.goal.tenant, f"{job.goal_id}/{job.task_id}"
+    # The slot expires unless renewed, so a dead executor frees it within two lease periods.
+    await tenants.acquire_slot(tenant, member, 2 * rt.limits.lease_ttl)
+    renew = asyncio.create_task(_hold_slot(tenants, tenant, member, rt.limits.lease_ttl))
+    try:
+        await _execute(rt, job, tools, stopping)
+    finally:
+        renew.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.shield(tenants.release_slot(tenant, member))
+
+
+async def _hold_slot(tenants: Tenants, tenant: str, member: str, ttl: float) -> None:
+    while True:
+        await asyncio.sleep(ttl / 3)
+        with contextlib.suppress(TenantBusy, Exception):  # a late renewal of a lost slot: keep running
+            await tenants.acquire_slot(tenant, member, 2 * ttl)
+
+
+async def _execute(rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Callable[[], bool] | None) -> None:
     started = await _start(rt, job)
     if started is None:
         return

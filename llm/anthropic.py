@@ -46,6 +46,7 @@ from llm.types import (
     ContentBlock,
     ModelRequest,
     ModelResponse,
+    RateLimitInfo,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -175,6 +176,23 @@ class _Attempts:
 
     maybe_billed: bool = False
     outcomes: list[str] = field(default_factory=list)
+    throttled: int = 0  # 429 answers (the SDK retries them within the call)
+    retry_after: float | None = None
+    remaining: dict[str, int] = field(default_factory=dict)  # anthropic-ratelimit-*-remaining, last seen
+
+    def rate_limit(self) -> RateLimitInfo | None:
+        if not self.throttled and not self.remaining:
+            return None
+        return RateLimitInfo(
+            throttled=self.throttled,
+            retry_after=self.retry_after,
+            requests_remaining=self.remaining.get("requests"),
+            input_tokens_remaining=self.remaining.get("input-tokens"),
+            output_tokens_remaining=self.remaining.get("output-tokens"),
+        )
+
+
+_RATELIMIT_KINDS = ("requests", "input-tokens", "output-tokens")
 
 
 _ATTEMPTS: contextvars.ContextVar[_Attempts | None] = contextvars.ContextVar("llm_anthropic_attempts", default=None)
@@ -194,6 +212,14 @@ async def _record_attempt(request: APIRequest, call_next: Any) -> AsyncAPIRespon
         status = response.http_response.status_code
         attempts.outcomes.append(str(status))
         attempts.maybe_billed |= status < 400
+        headers = response.http_response.headers
+        if status == 429:
+            attempts.throttled += 1
+            attempts.retry_after = _retry_after(headers)
+        for kind in _RATELIMIT_KINDS:
+            value = headers.get(f"anthropic-ratelimit-{kind}-remaining")
+            if value is not None and value.isdigit():
+                attempts.remaining[kind] = int(value)
     return response
 
 
@@ -288,7 +314,9 @@ class AnthropicModel:
             raise RetryableModelError(f"the provider's response could not be parsed: {err}", maybe_spent=True) from err
         finally:
             _ATTEMPTS.reset(token)
-        return to_response(message, names, self.model)
+        response = to_response(message, names, self.model)
+        info = attempts.rate_limit()
+        return response if info is None else response.model_copy(update={"rate_limit": info})
 
     async def aclose(self) -> None:
         await self._client.close()

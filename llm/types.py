@@ -140,12 +140,24 @@ class Usage(_Model):
         )
 
 
+class RateLimitInfo(_Model):
+    """What the provider said about its rate limits during one call (all attempts of it)."""
+
+    throttled: int = Field(default=0, ge=0, description="429 answers the SDK retried within the call")
+    retry_after: float | None = Field(default=None, description="the last 429's retry-after, seconds")
+    requests_remaining: int | None = None
+    input_tokens_remaining: int | None = None
+    output_tokens_remaining: int | None = None
+
+
 class ModelResponse(_Model):
     content: list[ContentBlock]
     stop_reason: StopReason
     usage: Usage
     request_id: str | None = None
     model: str
+    # Transport metadata, never stored or recorded (cassettes, results): excluded from dumps.
+    rate_limit: RateLimitInfo | None = Field(default=None, exclude=True)
 
     @field_validator("stop_reason", mode="before")
     @classmethod

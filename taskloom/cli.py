@@ -29,7 +29,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 try:  # typer >= 0.22 vendors click; its usage errors are these classes, not the `click` package's
     from typer._click import exceptions as cli_errors
@@ -42,6 +42,7 @@ from bus.connection import EmbeddedRedisError, RedisRefused, RedisTimeout, Redis
 from bus.keys import ROLES
 from bus.schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, GoalState
 from bus.store import AlreadyExists, CorruptRecord, IllegalTransition, NotFound
+from bus.tenants import TenantView
 from bus.tracing import trace_id_of
 from executor.registry import ToolLoadError
 from llm.errors import ModelConfigError
@@ -277,6 +278,8 @@ def submit(
     text: GoalText,
     dod: Annotated[str, typer.Option("--dod", help="definition of done")] = "",
     budget: Annotated[int | None, typer.Option(help="token budget (default: TASKLOOM_DEFAULT_BUDGET_TOKENS)")] = None,
+    budget_usd: Annotated[float | None, typer.Option("--budget-usd", help="dollar budget (cache-aware prices)")] = None,
+    tenant: Annotated[str | None, typer.Option(help="tenant whose pool it spends from (default: default)")] = None,
     tool: Annotated[list[str] | None, typer.Option("--tool", help="allowed tool (repeatable; default all)")] = None,
     meta: Annotated[list[str] | None, typer.Option("--meta", help="metadata KEY=VALUE (repeatable)")] = None,
     deadline: Annotated[str | None, typer.Option(help="ISO 8601 time with zone, e.g. 2026-10-13T18:00Z")] = None,
@@ -297,6 +300,10 @@ def submit(
     raw: dict[str, Any] = {"text": text, "definition_of_done": dod, "metadata": metadata}
     if budget is not None:
         raw["budget_tokens"] = budget
+    if budget_usd is not None:
+        raw["budget_usd"] = budget_usd
+    if tenant is not None:
+        raw["tenant"] = tenant
     if tool:
         raw["allowed_tools"] = tool
     if deadline is not None:
@@ -518,10 +525,20 @@ def resume(
 
 
 @app.command()
-def ledger(goal_id: str, as_json: JsonOpt = False) -> None:
-    """Show a goal's token budget: spent by kind, reserved, calls, cost and headroom."""
+def ledger(
+    goal_id: Annotated[str | None, typer.Argument(help="the goal whose books to show")] = None,
+    tenant: Annotated[str | None, typer.Option(help="show this tenant's spend by period, model and kind")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a goal's budget (spent by kind, reserved, calls, cost, headroom), or a tenant's spend."""
     from bus.ledger import Ledger, LedgerSnapshot  # only this command needs it
 
+    if (goal_id is None) == (tenant is None):
+        _fail(EXIT_INVALID, "give a goal id or --tenant NAME (one of them)")
+    if tenant is not None:
+        _print_tenant(_with_client(lambda c: c.tenant_show(tenant)), as_json)
+        return
+    assert goal_id is not None
     # Reading also forfeits expired reservations, so the numbers shown are what reserve would see.
     # An unknown goal raises LedgerNotFound, a NotFound: exit 1 with the message.
     snap: LedgerSnapshot = _with_client(lambda c: Ledger(c.redis, c.keys).snapshot(goal_id))
@@ -535,10 +552,138 @@ def ledger(goal_id: str, as_json: JsonOpt = False) -> None:
     table.add_row("spent", f"{snap.spent:,}")
     table.add_row("reserved", f"{snap.reserved:,} ({snap.open} open)")
     table.add_row("headroom", f"{snap.headroom:,}")
+    if snap.budget_micro_usd:
+        d = 1_000_000
+        left = snap.budget_micro_usd - snap.cost_micro_usd - snap.reserved_micro_usd
+        table.add_row("budget USD", f"${snap.budget_micro_usd / d:.4f} (headroom ${left / d:.4f})")
     show((goal_id, "bold"), f"  {snap.calls} calls  ${snap.cost_usd:.4f}  {snap.refusals} refused")
     if snap.pools:
         show(f"pools: {', '.join(snap.pools)}")
     out.print(table)
+
+
+def _print_tenant(view: TenantView, as_json: bool) -> None:
+    if as_json:
+        _print_json(view.model_dump(mode="json"))
+        return
+    s = view.settings
+    limits = [
+        f"period {s.period}",
+        f"tokens {s.budget_tokens:,}" if s.budget_tokens else "tokens unlimited",
+        f"USD {s.budget_usd:.2f}" if s.budget_usd else "USD unlimited",
+        f"max running {s.max_running}" if s.max_running else "running unlimited",
+    ]
+    note = "" if view.configured else " (no settings: no limits)"
+    show((s.name, "bold"), f"{note}  {', '.join(limits)}  running now {view.running}")
+    if not view.periods:
+        show("no spend yet")
+    for p in view.periods:
+        b = p.books
+        mark = " (current)" if p.label == view.current else ""
+        show(
+            "\n",
+            (p.label, "bold"),
+            f"{mark}  spent {b.spent:,} tokens  ${b.cost_usd:.4f}  reserved {b.reserved:,} "
+            f"({b.open} open)  {b.calls} calls  {b.refusals} refused  {p.resets} resets",
+        )
+        model_col = Column("model", no_wrap=True)  # the id is what people grep for: never wrapped
+        table = Table(model_col, "input", "output", "cache read", "cache write", "unknown", "USD")
+        for m in p.models:
+            table.add_row(
+                line(m.model),
+                f"{m.input:,}",
+                f"{m.output:,}",
+                f"{m.cache_read:,}",
+                f"{m.cache_write:,}",
+                f"{m.unknown:,}",
+                f"{m.cost_usd:.4f}",
+            )
+        out.print(table)
+
+
+tenant_app = typer.Typer(help="Tenants: the pools their goals spend from (see README, Tenants).", no_args_is_help=True)
+app.add_typer(tenant_app, name="tenant")
+
+
+@tenant_app.command("set")
+def tenant_set(
+    name: str,
+    period: Annotated[str | None, typer.Option(help="none, day or month (UTC calendar)")] = None,
+    budget_tokens: Annotated[
+        int | None, typer.Option("--budget-tokens", min=0, help="tokens per period; 0 = no limit")
+    ] = None,
+    budget_usd: Annotated[float | None, typer.Option("--budget-usd", min=0, help="USD per period; 0 = none")] = None,
+    max_running: Annotated[
+        int | None, typer.Option("--max-running", min=0, help="concurrent running tasks; 0 = no limit")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a tenant's pool atomically (options not given keep their value)."""
+    if period is not None and period not in ("none", "day", "month"):
+        _fail(EXIT_INVALID, f"--period: expected none, day or month, got {period!r}")
+    try:
+        settings = _with_client(
+            lambda c: c.tenant_set(
+                name,
+                period=period,  # type: ignore[arg-type]
+                budget_tokens=budget_tokens,
+                budget_usd=budget_usd,
+                max_running=max_running,
+            )
+        )
+    except ValueError as exc:
+        _fail(EXIT_INVALID, str(exc))
+    if as_json:
+        _print_json(settings.model_dump(mode="json"))
+    else:
+        show(f"{name}: {settings.model_dump_json(exclude={'name'})}")
+
+
+@tenant_app.command("show")
+def tenant_show(name: str, as_json: JsonOpt = False) -> None:
+    """A tenant's settings, running tasks and spend by period, model and kind."""
+    try:
+        view = _with_client(lambda c: c.tenant_show(name))
+    except ValueError as exc:
+        _fail(EXIT_INVALID, str(exc))
+    _print_tenant(view, as_json)
+
+
+@tenant_app.command("list")
+def tenant_list(as_json: JsonOpt = False) -> None:
+    """Every tenant with settings, with its current period's spend."""
+    views = _with_client(lambda c: c.tenant_list())
+    if as_json:
+        _print_json([v.model_dump(mode="json") for v in views])
+        return
+    table = Table("tenant", "period", "tokens", "USD", "max running", "running", "current spend")
+    for v in views:
+        s = v.settings
+        cur = next((p for p in v.periods if p.label == v.current), None)
+        spend = f"{cur.books.spent:,} tok ${cur.books.cost_usd:.4f}" if cur else "0"
+        table.add_row(
+            line(s.name),
+            s.period,
+            f"{s.budget_tokens:,}" if s.budget_tokens else "-",
+            f"{s.budget_usd:.2f}" if s.budget_usd else "-",
+            str(s.max_running or "-"),
+            str(v.running),
+            spend,
+        )
+    out.print(table)
+
+
+@tenant_app.command("reset")
+def tenant_reset(name: str, as_json: JsonOpt = False) -> None:
+    """Start the tenant's current period afresh: its spend goes back to zero (open calls still count)."""
+    try:
+        pool = _with_client(lambda c: c.tenant_reset(name))
+    except ValueError as exc:
+        _fail(EXIT_INVALID, str(exc))
+    if as_json:
+        _print_json({"tenant": name, "pool": pool})
+    else:
+        show(f"{name}: {pool} reset")
 
 
 DEMO_GOAL = "Can orders A100, A101 and A107 be refunded? Today is 2026-10-13."

@@ -102,6 +102,12 @@ TOKENS = Counter(
 COST = Counter(
     "taskloom_cost_usd", "Cost of model calls in USD (models with a known price)", ["model"], registry=REGISTRY
 )
+RATE_LIMIT_WAIT = Histogram(
+    "taskloom_rate_limit_wait_seconds",
+    "Seconds model calls waited for their turn in the fleet's rate limit (bus.ratelimit)",
+    ["bucket"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
 BUDGET_REFUSALS = Counter(
     "taskloom_budget_refusals",
     "Model calls refused by a goal's token budget (nothing sent)",
@@ -170,6 +176,9 @@ class PrometheusObserver(Observer):
 
     def budget_refused(self, model: str) -> None:
         BUDGET_REFUSALS.labels(model).inc()
+
+    def rate_limit_wait(self, bucket: str, seconds: float) -> None:
+        RATE_LIMIT_WAIT.labels(bucket).observe(seconds)
 
     def tool_call(self, tool: str, outcome: str, seconds: float) -> None:
         TOOL_CALLS.labels(tool, outcome).inc()

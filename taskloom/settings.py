@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bus.keys import Keys
 from bus.ledger import ModelPrice
+from bus.ratelimit import RateLimit, load_rate_limits
 from bus.runtime import Limits
 from bus.schemas import MAX_BUDGET_TOKENS
 
@@ -109,6 +110,17 @@ class Settings(Limits, BaseSettings):
         description='JSON {"model-prefix": {"input":..,"output":..,"cache_read":..,"cache_write":..}} in USD per '
         "million tokens, on top of the built-in Claude prices",
     )
+
+    # Fleet-wide provider rate limits (bus.ratelimit), per model prefix; unset = no limiter.
+    rate_limits: dict[str, RateLimit] = Field(
+        default_factory=dict,
+        description='JSON {"model-prefix": {"rpm": 50, "input_tpm": 30000, "output_tpm": 8000}}; 0 = no limit',
+    )
+    rate_limits_file: Path | None = Field(default=None, description="JSON file of rate limits (the variable wins)")
+    # Degrade instead of dying (bus.metered.Degrade): past `degrade_at` of a goal's (or its tenant's)
+    # budget, later calls go to the fallback model.
+    fallback_model: str | None = Field(default=None, min_length=1, description="cheaper model past degrade_at")
+    degrade_at: float = Field(default=0.8, gt=0, le=1, description="spent fraction that switches to the fallback")
 
     # Operations (deploy/, docs/operations.md). The metrics endpoint is opt-in: unset = no HTTP server.
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Prometheus endpoint port")
@@ -208,10 +220,21 @@ class Settings(Limits, BaseSettings):
             raise ValueError("expected a finite number of seconds")
         return v
 
-    @field_validator("record", mode="before")
+    @field_validator("record", "rate_limits_file", "fallback_model", mode="before")
     @classmethod
     def _empty_record_is_off(cls, v: object) -> object:
         return None if v == "" else v
+
+    @field_validator("rate_limits_file")
+    @classmethod
+    def _limits_file_parses(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            load_rate_limits(None, v)  # raises naming what is wrong
+        return v
+
+    def all_rate_limits(self) -> dict[str, RateLimit]:
+        """The file's limits, overridden per model by TASKLOOM_RATE_LIMITS."""
+        return {**load_rate_limits(None, self.rate_limits_file), **self.rate_limits}
 
     @field_validator("metrics_port", mode="before")
     @classmethod

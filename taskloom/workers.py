@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import random
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -37,11 +38,13 @@ import executor.handlers as executor
 import planner.handlers as planner
 from bus import fleet
 from bus.connection import connect
+from bus.events import EventLog
 from bus.jobs import JobPayload, parse_payload
 from bus.keys import ROLES
 from bus.ledger import Ledger, PriceTable
-from bus.metered import ModelFactory
+from bus.metered import Degrade, ModelFactory
 from bus.observe import Observer, install, observe
+from bus.ratelimit import RateLimiter
 from bus.retry import (
     GiveUp,
     RetryPolicy,
@@ -55,6 +58,7 @@ from bus.retry import (
 from bus.runtime import Limits, Runtime
 from bus.schemas import Event, GoalState
 from bus.store import CorruptRecord, IllegalTransition, NotFound
+from bus.tenants import TenantBusy
 from executor.demo_tools import support
 from executor.registry import ToolLoadError, ToolRegistry, load_toolkits
 from executor.sources.base import ToolSource
@@ -148,6 +152,12 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
                 if goal_id is not None and await ctx["runtime"].store.expire_if_late(goal_id):
                     log.warning("goal.deadline_passed", function=name)  # the handler then finds it ended
                 await handler(ctx["runtime"], payload)
+            except TenantBusy as busy:
+                # Not a failure: the tenant's running slots are all taken; try again shortly (jittered,
+                # so waiting jobs do not all come back at once).
+                outcome = "deferred"
+                log.info("job.deferred", function=name, reason=str(busy))
+                raise Retry(defer=busy.retry_in * random.uniform(0.5, 1.5)) from None
             except (NotFound, CorruptRecord) as exc:
                 # A record the job needs is missing or damaged: no re-run can help. Say which, without
                 # a traceback (arq would log one), and end the goal visibly if it still can be.
@@ -302,12 +312,28 @@ def build_runtime(
     settings: Settings, redis: ArqRedis, model: ModelPort, registry: ToolRegistry | Catalog
 ) -> Runtime:
     ledger = make_ledger(settings, redis)
+    keys = keys_for(settings)
+    limits = settings.all_rate_limits()
+    degrade = None
+    if settings.fallback_model is not None:
+        fallback = make_model(
+            settings.fallback_model, max_retries=settings.model_max_retries, timeout=settings.model_timeout
+        )
+        degrade = Degrade(fallback, settings.degrade_at)
+    factory = ModelFactory(
+        model,
+        ledger,
+        TroubleClock(redis, keys),
+        limiter=RateLimiter(redis, keys, limits) if limits else None,
+        events=EventLog(redis, keys, settings.events_maxlen),
+        degrade=degrade,
+    )
 
     return Runtime.build(
         redis,
-        keys_for(settings),
+        keys,
         settings.events_maxlen,
-        models=ModelFactory(model, ledger, TroubleClock(redis, keys_for(settings))),
+        models=factory,
         limits=limits_for(settings),
         tool_catalog=tuple(registry.definitions()) if isinstance(registry, ToolRegistry) else (),
         tools=registry if isinstance(registry, Catalog) else None,

@@ -585,3 +585,23 @@ async def test_insecure_local_needs_no_token_but_refuses_other_origins(redis: Ar
             r = await http.get("/v1/goals", headers={"Host": "evil.example"})
             assert r.status_code == 403
     assert await redis.zcard(keys.goal_index()) == 2
+
+
+async def test_goals_carry_a_tenant_and_dollar_budget_and_tenants_are_readable(api: Api) -> None:
+    """POST /v1/goals takes `tenant` and `budget_usd`; GET /v1/tenants/{name} shows the tenant's pool;
+    a bad tenant name is a named 422."""
+    await api.client.tenant_set("acme", period="day", budget_usd=3)
+    r = await api.http.post(
+        "/v1/goals", json={"text": "t", "tenant": "acme", "budget_usd": 0.5}, headers=api.auth("submitter")
+    )
+    assert r.status_code == 201, r.text
+    record = await api.client.get(r.json()["goal_id"])
+    assert (record.goal.tenant, record.goal.budget_usd) == ("acme", 0.5)
+    books = await api.client.ledger.snapshot(record.id)
+    assert books.budget_micro_usd == 500_000
+    view = (await api.http.get("/v1/tenants/acme", headers=api.auth("reader"))).json()
+    assert view["settings"]["period"] == "day" and view["settings"]["budget_usd"] == 3
+    bad = await api.http.get("/v1/tenants/a:b", headers=api.auth("reader"))
+    assert bad.status_code == 422 and "tenant name" in error_of(bad)["message"]
+    bad_goal = await api.http.post("/v1/goals", json={"text": "t", "tenant": "a b"}, headers=api.auth("submitter"))
+    assert bad_goal.status_code == 422 and error_of(bad_goal)["field"] == "tenant"

@@ -77,9 +77,11 @@ def test_price_table(model: str | None, usage: Usage, expected: int | None) -> N
 
 
 def test_price_overrides_and_forfeit_prices() -> None:
-    """An override wins over the defaults; the reserve script gets integer micro-USD per million."""
+    """An override wins over the defaults; the reserve script gets integer micro-USD per million,
+    input at its dearest rate (here the cache-write rate)."""
     table = PriceTable({"claude-sonnet-4": ModelPrice(input=2.5, output=10, cache_read=0.25, cache_write=3)})
-    assert table.per_mtok_micro("claude-sonnet-4-5") == (2_500_000, 10_000_000)
+    assert table.per_mtok_micro("claude-sonnet-4-5") == (3_000_000, 10_000_000)
+    assert table.per_mtok_micro("claude-3-5-haiku") == (1_000_000, 4_000_000)
     assert table.per_mtok_micro("nope") == (0, 0)
 
 
@@ -193,13 +195,14 @@ async def test_release_frees_the_reservation_once(ledger: Ledger) -> None:
 
 
 async def test_forfeit_counts_the_full_amount_at_worst_case_cost(ledger: Ledger) -> None:
-    """An unknown outcome is spent in full, as `unknown`, priced as input + max_tokens of output."""
+    """An unknown outcome is spent in full, as `unknown`, priced as input at the cache-write rate (the
+    dearest an input token can cost) + max_tokens of output."""
     await ledger.open("g", 10_000)
     res = await ledger.reserve("g", 100, 500, model="claude-sonnet-4-5")
     assert await ledger.forfeit(res)
     snap = await ledger.snapshot("g")
     assert (snap.spent, snap.spent_unknown, snap.reserved, snap.forfeits, snap.calls) == (600, 600, 0, 1, 1)
-    assert snap.cost_micro_usd == 100 * 3 + 500 * 15
+    assert snap.cost_micro_usd == 100 * 3.75 + 500 * 15 == res.cost_micro
 
 
 async def test_orphaned_reservation_expires_at_its_full_amount(redis: ArqRedis, keys: Keys) -> None:

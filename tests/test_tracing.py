@@ -120,7 +120,6 @@ async def test_model_span_has_genai_attributes_and_ledger_events(
     events = {e.name: dict(e.attributes or {}) for e in span.events}
     books = await model.ledger.snapshot("g1")
     assert events["ledger.reserve"]["reserved"] > 0
-    assert events["ledger.reserve"]["headroom"] == 10_000 - events["ledger.reserve"]["reserved"]
     assert events["ledger.settle"]["settled"] == response.usage.total == books.spent
     assert events["ledger.settle"]["headroom"] == books.headroom
     assert SECRET_PROMPT not in _all_text(span) and "fine" not in _all_text(span)

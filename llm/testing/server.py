@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import threading
 import time
 from collections import deque
@@ -55,6 +56,58 @@ class RecordedRequest:
 Responder = Callable[[RecordedRequest], Script]
 
 
+@dataclass(frozen=True)
+class ProviderLimits:
+    """Rate limits the fake enforces, per minute (0 = none), as Anthropic does: token buckets that
+    refill continuously; output is counted as `max_tokens` when the request arrives and corrected to
+    the real output when it ends."""
+
+    rpm: int = 0
+    input_tpm: int = 0
+    output_tpm: int = 0
+
+
+class _Buckets:
+    def __init__(self, limits: ProviderLimits) -> None:
+        self.caps = (limits.rpm, limits.input_tpm, limits.output_tpm)
+        self.levels = [float(c) for c in self.caps]
+        self.at = time.monotonic()
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        for i, cap in enumerate(self.caps):
+            self.levels[i] = min(cap, self.levels[i] + (now - self.at) * cap / 60)
+        self.at = now
+
+    def take(self, input_tokens: int, max_tokens: int) -> float | None:
+        """Take one request; None if it fits, else the seconds until it would (retry-after)."""
+        self._refill()
+        need = (1, input_tokens, max_tokens)
+        wait = 0.0
+        for i, cap in enumerate(self.caps):
+            if cap and self.levels[i] < min(need[i], cap):
+                wait = max(wait, (min(need[i], cap) - self.levels[i]) * 60 / cap)
+        if wait > 0:
+            return wait
+        for i, cap in enumerate(self.caps):
+            if cap:
+                self.levels[i] -= need[i]
+        return None
+
+    def refund(self, output_tokens: int) -> None:
+        self._refill()
+        if self.caps[2]:
+            self.levels[2] = min(self.caps[2], self.levels[2] + output_tokens)
+
+    def headers(self) -> dict[str, str]:
+        out = {}
+        for name, cap, level in zip(("requests", "input-tokens", "output-tokens"), self.caps, self.levels, strict=True):
+            if cap:
+                out[f"anthropic-ratelimit-{name}-limit"] = str(cap)
+                out[f"anthropic-ratelimit-{name}-remaining"] = str(max(0, int(level)))
+        return out
+
+
 class FakeAnthropicServer:
     """Scripted fake of the Messages API. Use as a (sync or async) context manager, or start()/close().
 
@@ -70,8 +123,13 @@ class FakeAnthropicServer:
         port: int = 0,
         cache_min_tokens: int = 0,
         bill_key: Callable[[RecordedRequest], str | None] | None = None,
+        limits: ProviderLimits | None = None,
     ) -> None:
         self._host = host
+        # Optional: rate limits enforced with 429s (and reported in anthropic-ratelimit-* headers).
+        self._buckets = _Buckets(limits) if limits is not None else None
+        self.throttled = 0  # 429s sent for rate limits
+        self.admitted: list[tuple[float, int, int]] = []  # (monotonic time, input, max_tokens) let through
         # Optional: attribute each billed reply to a key (a goal, say) for `billed_for`.
         self._bill_key = bill_key
         self._billed_by: dict[str, Usage] = {}
@@ -213,6 +271,25 @@ class FakeAnthropicServer:
         if seconds > 0:
             self._closing.wait(seconds)
 
+    def _admit(self, body: Mapping[str, Any]) -> tuple[float | None, dict[str, str]]:
+        """(retry-after if over a rate limit else None, the rate-limit headers to send)."""
+        with self._lock:
+            input_tokens, max_tokens = count_input_tokens(dict(body)), int(body.get("max_tokens") or 0)
+            if self._buckets is None:
+                self.admitted.append((time.monotonic(), input_tokens, max_tokens))
+                return None, {}
+            wait = self._buckets.take(input_tokens, max_tokens)
+            if wait is not None:
+                self.throttled += 1
+            else:
+                self.admitted.append((time.monotonic(), input_tokens, max_tokens))
+            return wait, self._buckets.headers()
+
+    def _refund(self, max_tokens: int, output_tokens: int) -> None:
+        if self._buckets is not None:
+            with self._lock:
+                self._buckets.refund(max(0, max_tokens - output_tokens))
+
 
 def validate_messages_body(body: Mapping[str, Any]) -> str | None:
     """The real API's 400 message for `body`, or None when it is acceptable."""
@@ -297,6 +374,11 @@ class _Handler(BaseHTTPRequestHandler):
             problem = validate_messages_body(body)
             if problem is not None:
                 return self._send(400, error_body(400, problem), rid)
+            wait, limit_headers = self.fake._admit(body)
+            if wait is not None:
+                headers_429 = {**limit_headers, "retry-after": str(max(1, math.ceil(wait)))}
+                return self._send(429, error_body(429, "rate limit exceeded"), rid, headers_429)
+            self._limit_headers = limit_headers
             script = self.fake._next_script(recorded)
             if isinstance(script, Failure):
                 return self._fail(script, rid)
@@ -319,6 +401,7 @@ class _Handler(BaseHTTPRequestHandler):
         output = reply.output_tokens if reply.output_tokens is not None else count_output_tokens(content)
         usage = self.fake._bill(body, output, key)
         self.fake._sleep(reply.delay)
+        self.fake._refund(int(body.get("max_tokens") or 0), output)
         message = {
             "id": f"msg_{rid.removeprefix('req_')}",
             "type": "message",
@@ -336,7 +419,7 @@ class _Handler(BaseHTTPRequestHandler):
         }
         if body.get("stream"):
             return self._stream(message, rid)
-        self._send(200, message, rid)
+        self._send(200, message, rid, getattr(self, "_limit_headers", None))
 
     def _stream(self, message: dict[str, Any], rid: str) -> None:
         self.send_response(200)

@@ -38,6 +38,7 @@ from bus.goal_index import BadCursor, GoalIndex
 from bus.ledger import LedgerNotFound, LedgerSnapshot
 from bus.schemas import GOAL_ID_PATTERN, Event, Goal, GoalState, TaskResult
 from bus.store import AlreadyExists, IllegalTransition, NotFound
+from bus.tenants import TenantView
 from planner.dag import render_json, render_mermaid
 
 from ..metrics import REGISTRY
@@ -458,6 +459,19 @@ def create_app(
         except LedgerNotFound:
             raise ApiError(404, "not_found", f"goal {goal_id!r} has no ledger") from None
         return snap
+
+    @app.get(
+        "/v1/tenants/{name}",
+        response_model=TenantView,
+        tags=["tenants"],
+        responses={422: {"model": m.ErrorBody}},
+    )
+    async def tenant(name: str, _: Reader) -> TenantView:
+        """A tenant's pool settings, running tasks and spend by period, model and kind (bus.tenants)."""
+        try:
+            return await client().tenant_show(name)
+        except ValueError as exc:
+            raise ApiError(422, "invalid_request", str(exc), "name") from None
 
     @app.get(
         "/v1/goals/{goal_id}/attempts",

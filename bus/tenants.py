@@ -1,0 +1,283 @@
+"""Tenants: the teams a fleet serves, each with one pool every one of its goals draws from.
+
+A goal names its tenant (`Goal.tenant`, default `default`). Its books (`bus.ledger`) remember it,
+and every reservation of the goal also draws from the tenant's pool of the current period, in the
+same Lua script as the goal's own reservation: no tenant spends past its pool, however many goals
+and workers run.
+
+Settings (`Keys.tenant(name)`, changed atomically by `Tenants.set`):
+* `period`: `none` (one pool for ever), `day` or `month` (UTC calendar). Each period has its own
+  books, the pool `tenant:<name>:<label>` (`all`, `2026-11-30`, `2026-11`).
+* `budget_tokens` and/or `budget_usd` (0 = no limit of that unit). The reserve script reads them as
+  they are at each reservation, so lowering them takes effect at once; below what the period has
+  already spent it refuses every new reservation, and touches nothing else (the books keep
+  balancing, open reservations still settle).
+* `max_running`: how many of the tenant's task attempts may run at once (0 = no limit). An
+  executor takes a slot before it starts an attempt (`acquire_slot`); when none is free the job is
+  deferred (`TenantBusy`) and runs again shortly; nothing fails for it.
+
+A tenant without settings has no limits, but its spend is still kept per period (`none`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
+
+from .keys import Keys
+from .ledger import _LIB, TENANT_NAME_PATTERN, LedgerSnapshot, _pairs, _s, usd_to_micro
+
+Period = Literal["none", "day", "month"]
+DEFAULT_TENANT = "default"
+KINDS = ("input", "output", "cache_read", "cache_write", "unknown")
+
+
+def check_name(name: str) -> str:
+    if not re.match(TENANT_NAME_PATTERN, name):
+        raise ValueError(f"tenant name {name!r} does not match {TENANT_NAME_PATTERN}")
+    return name
+
+
+def period_label(period: str | None, at: datetime) -> str:
+    """The label of the period `at` falls in (UTC calendar); the reserve script has the same rule."""
+    at = at.astimezone(UTC)
+    if period == "day":
+        return at.strftime("%Y-%m-%d")
+    if period == "month":
+        return at.strftime("%Y-%m")
+    return "all"
+
+
+class TenantBusy(Exception):
+    """Every running slot of the tenant is taken: the job is deferred (not failed) and tried again."""
+
+    def __init__(self, tenant: str, running: int, limit: int, retry_in: float = 2.0) -> None:
+        super().__init__(f"tenant {tenant!r} runs {running} tasks (max_running {limit}); retrying in {retry_in:g} s")
+        self.tenant = tenant
+        self.running = running
+        self.limit = limit
+        self.retry_in = retry_in
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.tenant, self.running, self.limit, self.retry_in))
+
+
+class TenantSettings(BaseModel):
+    """A tenant's pool as set by an operator."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    period: Period = "none"
+    budget_tokens: int = Field(default=0, ge=0, description="tokens per period; 0 = no token limit")
+    budget_usd: float = Field(default=0, ge=0, description="USD per period; 0 = no dollar limit")
+    max_running: int = Field(default=0, ge=0, description="concurrent running task attempts; 0 = no limit")
+
+
+class ModelSpend(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    unknown: int = Field(default=0, description="forfeited/expired reservations, counted in full")
+    cost_usd: float = 0.0
+
+
+class PeriodSpend(BaseModel):
+    """One period's books of a tenant, with the spend per model and kind."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    label: str
+    books: LedgerSnapshot
+    models: list[ModelSpend]
+    resets: int = 0
+
+
+class TenantView(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    settings: TenantSettings
+    configured: bool = Field(description="False when the tenant has no settings (no limits)")
+    current: str = Field(description="label of the current period")
+    running: int = Field(description="task attempts holding a running slot now")
+    periods: list[PeriodSpend]
+
+
+def _decode(h: Mapping[Any, Any]) -> dict[str, str]:
+    return {_s(k): _s(v) for k, v in h.items()}
+
+
+def _model_spend(h: Mapping[str, str]) -> list[ModelSpend]:
+    per: dict[str, dict[str, int]] = {}
+    for field, value in h.items():
+        if field.startswith("m:"):
+            model, _, kind = field[2:].rpartition(":")
+            per.setdefault(model, {})[kind] = int(value)
+    return [
+        ModelSpend(
+            model=m,
+            **{k: v.get(k, 0) for k in KINDS},
+            cost_usd=v.get("cost", 0) / 1_000_000,
+        )
+        for m, v in sorted(per.items())
+    ]
+
+
+# KEYS: tenant settings, tenants set. ARGV: period, budget tokens, budget micro-USD, max running
+# ('' = unchanged for each). Returns the settings after the change.
+_SET = """
+local f = {'period', 'budget_tokens', 'budget_micro', 'max_running'}
+for i, field in ipairs(f) do
+  if ARGV[i] ~= '' then redis.call('HSET', KEYS[1], field, ARGV[i]) end
+end
+redis.call('HSETNX', KEYS[1], 'period', 'none')
+redis.call('SADD', KEYS[2], ARGV[5])
+return redis.call('HGETALL', KEYS[1])
+"""
+
+# KEYS: tenant settings. ARGV: pool key prefix, tenant name.
+# Starts the current period afresh: its spend (every kind, cost, per model) goes to zero, and is
+# added to `before_reset_spent` / `before_reset_cost`; open reservations stay held and settle
+# normally, so `reserved` and `open` are untouched and the books still balance.
+_RESET = (
+    _LIB
+    + """
+local period = redis.call('HGET', KEYS[1], 'period')
+local name = 'tenant:' .. ARGV[2] .. ':' .. period_label(period, now())
+local key = ARGV[1] .. name
+local h = redis.call('HGETALL', key)
+if #h == 0 then return name end
+local spent, cost = 0, 0
+for i = 1, #h, 2 do
+  local field = h[i]
+  if field == 'spent' then spent = tonumber(h[i + 1]) end
+  if field == 'cost_micro_usd' then cost = tonumber(h[i + 1]) end
+  if field == 'spent' or field == 'cost_micro_usd' or string.sub(field, 1, 6) == 'spent_'
+     or string.sub(field, 1, 2) == 'm:' or field == 'calls' or field == 'overrun' then
+    redis.call('HDEL', key, field)
+  end
+end
+redis.call('HSET', key, 'spent', 0)
+redis.call('HINCRBY', key, 'before_reset_spent', spent)
+redis.call('HINCRBY', key, 'before_reset_cost', cost)
+redis.call('HINCRBY', key, 'resets', 1)
+return name
+"""
+)
+
+# KEYS: running slots zset, tenant settings. ARGV: member, slot ttl (s).
+# Returns {1, running} when the member holds a slot (taken or renewed), {0, running, limit} when full.
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now))
+local limit = tonumber(redis.call('HGET', KEYS[2], 'max_running') or 0) or 0
+local exp = string.format('%.6f', now + tonumber(ARGV[2]))
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) or limit <= 0 or redis.call('ZCARD', KEYS[1]) < limit then
+  redis.call('ZADD', KEYS[1], exp, ARGV[1])
+  return {1, redis.call('ZCARD', KEYS[1])}
+end
+return {0, redis.call('ZCARD', KEYS[1]), limit}
+"""
+
+
+class Tenants:
+    """Admin and runtime access to tenants' settings, periods and running slots."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+        self._set = redis.register_script(_SET)
+        self._reset = redis.register_script(_RESET)
+        self._acquire = redis.register_script(_ACQUIRE)
+
+    async def set(
+        self,
+        name: str,
+        *,
+        period: Period | None = None,
+        budget_tokens: int | None = None,
+        budget_usd: float | None = None,
+        max_running: int | None = None,
+    ) -> TenantSettings:
+        """Change the given settings (the others keep their value) in one atomic step."""
+        check_name(name)
+        # Validates every value (ranges, period) before anything is written.
+        TenantSettings(
+            name=name,
+            period=period or "none",
+            budget_tokens=budget_tokens or 0,
+            budget_usd=budget_usd or 0,
+            max_running=max_running or 0,
+        )
+        args = [
+            period or "",
+            "" if budget_tokens is None else str(budget_tokens),
+            "" if budget_usd is None else str(usd_to_micro(budget_usd)),  # exact integers in Redis
+            "" if max_running is None else str(max_running),
+            name,
+        ]
+        out = await self._set(keys=[self.keys.tenant(name), self.keys.tenants()], args=args)
+        return self._settings(name, _pairs(out))
+
+    def _settings(self, name: str, h: Mapping[str, str]) -> TenantSettings:
+        return TenantSettings(
+            name=name,
+            period=h.get("period", "none"),
+            budget_tokens=int(h.get("budget_tokens") or 0),
+            budget_usd=int(h.get("budget_micro") or 0) / 1_000_000,
+            max_running=int(h.get("max_running") or 0),
+        )
+
+    async def names(self) -> list[str]:
+        return sorted(_s(n) for n in await self.redis.smembers(self.keys.tenants()))  # type: ignore[misc]
+
+    async def show(self, name: str, periods: int = 12) -> TenantView:
+        """Settings, running slots and the books of the last `periods` periods (newest first)."""
+        check_name(name)
+        h = _decode(await self.redis.hgetall(self.keys.tenant(name)))  # type: ignore[misc]
+        settings = self._settings(name, h)
+        sec, usec = await self.redis.time()
+        now = sec + usec / 1_000_000
+        current = period_label(settings.period, datetime.fromtimestamp(now, UTC))
+        await self.redis.zremrangebyscore(self.keys.tenant_running(name), "-inf", now)
+        running = int(await self.redis.zcard(self.keys.tenant_running(name)))
+        labels = [_s(x) for x in await self.redis.zrevrange(self.keys.tenant_periods(name), 0, periods - 1)]
+        out: list[PeriodSpend] = []
+        for pool in labels:
+            ph = _decode(await self.redis.hgetall(self.keys.pool(pool)))  # type: ignore[misc]
+            if not ph:
+                continue
+            out.append(
+                PeriodSpend(
+                    label=pool.rsplit(":", 1)[1],
+                    books=LedgerSnapshot.from_hash(pool, ph),
+                    models=_model_spend(ph),
+                    resets=int(ph.get("resets") or 0),
+                )
+            )
+        return TenantView(settings=settings, configured=bool(h), current=current, running=running, periods=out)
+
+    async def reset(self, name: str) -> str:
+        """Start the tenant's current period afresh (its spend back to zero); returns the pool name."""
+        check_name(name)
+        return _s(await self._reset(keys=[self.keys.tenant(name)], args=[self.keys.pool_prefix(), name]))
+
+    async def acquire_slot(self, name: str, member: str, ttl: float) -> None:
+        """Take (or renew, for `ttl` seconds) one of the tenant's running slots; `TenantBusy` if full."""
+        out = await self._acquire(keys=[self.keys.tenant_running(name), self.keys.tenant(name)], args=[member, ttl])
+        if int(out[0]) != 1:
+            raise TenantBusy(name, int(out[1]), int(out[2]))
+
+    async def release_slot(self, name: str, member: str) -> None:
+        await self.redis.zrem(self.keys.tenant_running(name), member)
+
