@@ -24,6 +24,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
 
+from bus.approvals import AlreadyDecided
 from bus.client import Client, WaitTimeout
 from bus.schemas import Goal
 from bus.store import IllegalTransition, NotFound
@@ -55,6 +56,8 @@ def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) ->
     async def guarded(call: Any) -> Any:
         try:
             return await call
+        except AlreadyDecided:
+            raise  # not an error: `decide` reports the decision that stands
         except NotFound as exc:
             raise ToolError(str(exc)) from None
         except IllegalTransition as exc:
@@ -68,11 +71,8 @@ def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) ->
         """Decide once; a repeat changes nothing and reports the decision that stands."""
         try:
             first = await guarded(client.decide(goal_id, call_id, approved, reason, by="mcp"))
-        except ToolError:
-            decided = await client.decision(goal_id, call_id)
-            if decided is None:
-                raise
-            return False, decided.split(":", 1)[0]
+        except AlreadyDecided as exc:
+            return False, exc.decision.split(":", 1)[0]
         decided = await client.decision(goal_id, call_id)
         return first, decided.split(":", 1)[0] if decided else None
 
