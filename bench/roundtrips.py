@@ -85,6 +85,8 @@ class Tally:
     arq: int = 0
     arq_trips: int = 0
     by_command: Counter[str] = field(default_factory=Counter)
+    first: list[str] = field(default_factory=list)  # the commands of the first job of this type, in order
+    first_id: str = ""
 
 
 def _ts(stamp: str) -> float:
@@ -147,15 +149,17 @@ def attribute(
     ids = {j.job_id: j for j in jobs}
     id_pat = re.compile(re.escape(prefix) + r"job:[^\"]+")
     other: Counter[str] = Counter()
-    owner: tuple[str, str] | None = None  # (function, part) of the last EVALSHA, for its script's commands
+    owner: tuple[str, str, str] | None = None  # (function, part) of the last EVALSHA, for its script's commands
     script_of = "idle (polls, wake-ups, heartbeats, health checks)"  # who ran a script no job owns
     pending: dict[str, int] = {}  # client -> a MULTI not yet charged
-    last: dict[str, tuple[str, str]] = {}  # client -> owner of its open transaction
+    last: dict[str, tuple[str, str, str]] = {}  # client -> owner of its open transaction
     for c in commands:
         if c.client == "lua":
             if owner is not None:
                 setattr(tallies[owner[0]], owner[1], getattr(tallies[owner[0]], owner[1]) + 1)
                 tallies[owner[0]].by_command[c.name] += 1
+                if owner[2] == tallies[owner[0]].first_id:
+                    tallies[owner[0]].first.append(f"{owner[1]:7}   lua {_short(c.raw, prefix)}")
             else:
                 other[script_of] += 1
             continue
@@ -174,18 +178,22 @@ def attribute(
         running = next((j for j in jobs if j.role == role and j.start <= c.t <= j.end), None)
         closing = c.name == "EXEC" and c.client in last
         if closing:
-            fn, part = last.pop(c.client)
+            fn, part, jid = last.pop(c.client)
         elif named is not None and named.role == role and named is not running:
-            fn, part = named.function, "arq"  # the process picking up or finishing another job
+            fn, part, jid = named.function, "arq", named.job_id  # the process picking up or finishing another job
         elif running is not None and not IDLE.match(c.raw):
-            fn, part = running.function, "handler"
+            fn, part, jid = running.function, "handler", running.job_id
         elif named is not None:
-            fn, part = named.function, "arq"
+            fn, part, jid = named.function, "arq", named.job_id
         else:
             other["idle (polls, wake-ups, heartbeats, health checks)"] += 1 + pending.pop(c.client, 0)
             continue
         t = tallies[fn]
+        if not t.first_id:
+            t.first_id = jid
         opened = pending.pop(c.client, 0)
+        if jid == t.first_id:
+            t.first.extend([f"{part:7} {'MULTI'}"] * opened + [f"{part:7} {_short(c.raw, prefix)}"])
         in_tx = bool(opened) or c.client in last
         setattr(t, part, getattr(t, part) + 1 + opened)
         if opened or not (in_tx or closing):
@@ -194,9 +202,13 @@ def attribute(
         if opened:
             t.by_command["MULTI"] += 1
         if in_tx and c.name != "EXEC":
-            last[c.client] = (fn, part)
-        owner = (fn, part) if c.name in ("EVALSHA", "EVAL") else None
+            last[c.client] = (fn, part, jid)
+        owner = (fn, part, jid) if c.name in ("EVALSHA", "EVAL") else None
     return tallies, other
+
+
+def _short(raw: str, prefix: str) -> str:
+    return re.sub(r"[0-9a-f]{32}", "<id>", raw.replace(prefix, ""))[:110]
 
 
 def connection_roles(procs: dict[str, subprocess.Popen[bytes]]) -> dict[str, str]:
@@ -226,7 +238,7 @@ async def _client_addrs(redis: Redis) -> set[str]:
     return {str(info["addr"])}
 
 
-async def run(url: str, goals: int, steps: int, poll_delay: float) -> str:
+async def run(url: str, goals: int, steps: int, poll_delay: float, detail: bool = False) -> str:
     async with bench_redis(url, "roundtrips") as bench:
         where = await machine(bench.redis, bench.where)
         client_redis = ArqRedis.from_url(bench.url, single_connection_client=True)
@@ -265,7 +277,12 @@ async def run(url: str, goals: int, steps: int, poll_delay: float) -> str:
                 await client_redis.aclose()
         commands = parse_monitor(monitor.read_text(errors="replace").splitlines(), bench.prefix)
         tallies, other = attribute(commands, read_jobs(logs), roles, addrs, bench.prefix)
-    return report(where, goals, steps, poll_delay, seconds, tallies, other)
+    table = report(where, goals, steps, poll_delay, seconds, tallies, other)
+    if detail:
+        for fn in [*ORDER, *sorted(set(tallies) - set(ORDER))]:
+            if fn in tallies and tallies[fn].first:
+                table += f"\n\n{fn} (the first one, in order):\n" + "\n".join(tallies[fn].first)
+    return table
 
 
 def _host_port(url: str) -> tuple[str, int]:
@@ -324,9 +341,10 @@ def main() -> None:
     parser.add_argument("--goals", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1, help="tool calls per task before its answer")
     parser.add_argument("--poll-delay", type=float, default=0.05)
+    parser.add_argument("--detail", action="store_true", help="also list the commands of one job of each type")
     args = parser.parse_args()
     started = datetime.now(UTC)
-    table = asyncio.run(run(args.redis_url, args.goals, args.steps, args.poll_delay))
+    table = asyncio.run(run(args.redis_url, args.goals, args.steps, args.poll_delay, args.detail))
     print(f"{started:%Y-%m-%d %H:%M} UTC\n{table}")
 
 

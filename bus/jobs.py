@@ -7,11 +7,16 @@ is a no-op in arq: it refuses a job id whose job or result key still exists.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from arq.connections import ArqRedis
-from arq.constants import in_progress_key_prefix, job_key_prefix
+from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
+from arq.jobs import serialize_job
+from arq.utils import timestamp_ms
 from pydantic import BaseModel, ConfigDict, Field
 
 from .keys import Keys
@@ -19,6 +24,27 @@ from .schemas import GoalId, TaskId
 from .tracing import current_traceparent
 
 WAKE_MAXLEN = 100  # wake-up streams only need their latest entries
+# arq 0.28's default lifetime of a queued job's key (`ArqRedis.expires_extra_ms`): a day.
+JOB_EXPIRES_MS = 86_400_000
+
+# arq's `ArqRedis.enqueue_job` (0.28), plus the supervisor's driver record and the wake-up, as one
+# script: one round trip instead of five (WATCH, EXISTS, MULTI...EXEC, HSET, XADD), two commands
+# fewer, and the driver record can no longer be missing for a queued job. The job key and queue
+# entry are exactly what arq writes (tests/test_arq_internals.py fails if arq's enqueue changes).
+# KEYS: job key, result key, queue, drivers hash, wake stream
+# ARGV: job id, serialized job, expiry (ms), score (ms), driver slot, driver record, wake ('1'/'0'), wake maxlen
+# Returns 1 if enqueued, 0 if a job or result with this id exists (nothing written).
+_ENQUEUE = """
+if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then return 0 end
+redis.call('PSETEX', KEYS[1], ARGV[3], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[4], ARGV[5], ARGV[6]) end
+if ARGV[7] == '1' then redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[8], '*', 'job', ARGV[1]) end
+return 1
+"""
+
+# Roles whose wake-up is owed by the current `Jobs.batch()` (None outside one).
+_BATCH: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("taskloom_wake_batch", default=None)
 
 
 class JobPayload(BaseModel):
@@ -125,34 +151,78 @@ class Jobs:
     def __init__(self, redis: ArqRedis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
+        self._enqueue = redis.register_script(_ENQUEUE)
+        self._serializer = getattr(redis, "job_serializer", None)  # arq's pickle unless the pool says otherwise
+        self._expires_ms = int(getattr(redis, "expires_extra_ms", JOB_EXPIRES_MS))
 
     def job_id(self, job: JobPayload) -> str:
         parts = job.id_parts()
         return self.keys.job_id(job.function, *parts, *([f"d{job.redrive}"] if job.redrive else []))
 
     async def enqueue(self, job: JobPayload) -> bool:
-        """Enqueue `job` on its role's queue. False when that exact job was already enqueued."""
+        """Enqueue `job` on its role's queue. False when that exact job was already enqueued.
+
+        Inside `batch()`, the role's workers are woken once when the batch ends, not per job."""
         if job.traceparent is None:
             traceparent = current_traceparent()
             if traceparent is not None:
                 job = job.model_copy(update={"traceparent": traceparent})
         # Without a trace the payload has no `traceparent` key at all (as before tracing existed).
         payload = job.model_dump(mode="json", exclude={"traceparent"} if job.traceparent is None else None)
-        queued = await self.redis.enqueue_job(
-            job.function, payload, _job_id=self.job_id(job), _queue_name=self.keys.queue(job.role)
-        )
-        if queued is None:
-            return False
+        job_id = self.job_id(job)
         goal_id = getattr(job, "goal_id", None)
-        if goal_id is not None:
-            # The supervisor's view of who drives what: the last job enqueued for each slot.
-            record = json.dumps({"job_id": self.job_id(job), "function": job.function, "payload": payload})
-            await self.redis.hset(self.keys.drivers(goal_id), job.slot(), record)  # type: ignore[misc]
-        # Wake the role's idle workers now (taskloom.wake); if this write is lost, their fallback
-        # poll still finds the job, just later.
-        await self.redis.xadd(self.keys.wake(job.role), {"job": self.job_id(job)}, maxlen=WAKE_MAXLEN, approximate=True)
+        # The supervisor's view of who drives what: the last job enqueued for each slot.
+        driver = (
+            json.dumps({"job_id": job_id, "function": job.function, "payload": payload}) if goal_id is not None else ""
+        )
+        batch = _BATCH.get()
+        now = timestamp_ms()
+        serialized = serialize_job(job.function, (payload,), {}, None, now, serializer=self._serializer)
+        queued = await self._enqueue(
+            keys=[
+                job_key_prefix + job_id,
+                result_key_prefix + job_id,
+                self.keys.queue(job.role),
+                self.keys.drivers(goal_id) if goal_id is not None else self.keys.queue(job.role),
+                self.keys.wake(job.role),
+            ],
+            # Wake the role's idle workers now (taskloom.wake); if this is lost, their fallback poll
+            # still finds the job, just later.
+            args=[
+                job_id,
+                serialized,
+                self._expires_ms,
+                now,
+                job.slot() if driver else "",
+                driver,
+                "0" if batch is not None else "1",
+                WAKE_MAXLEN,
+            ],
+        )
+        if not queued:
+            return False
+        if batch is not None:
+            batch.add(job.role)
         return True
 
+    @contextlib.asynccontextmanager
+    async def batch(self) -> AsyncIterator[None]:
+        """Enqueues inside wake each role's workers once, at the end (one XADD per role instead of one
+        per job). A wake-up lost to a crash in between costs a fallback poll, as any lost wake-up."""
+        if _BATCH.get() is not None:  # nested: the outer batch wakes
+            yield
+            return
+        roles: set[str] = set()
+        token = _BATCH.set(roles)
+        try:
+            yield
+        finally:
+            _BATCH.reset(token)
+            if roles:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for role in sorted(roles):
+                        pipe.xadd(self.keys.wake(role), {"job": "batch"}, maxlen=WAKE_MAXLEN, approximate=True)
+                    await pipe.execute()
 
     async def drivers(self, goal_id: str) -> dict[str, tuple[str, JobPayload | None, bool]]:
         """The last job enqueued for each of the goal's slots: (job id, payload, still queued or running).

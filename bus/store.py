@@ -110,10 +110,12 @@ class AlreadyExists(StoreError):
 #       ended: leave the active index), then field/value pairs to set.
 # Returns {'ok', previous} | {'same', state} | {'missing'} | {'illegal', current} | {'stale', attempt}
 _TRANSITION = """
-local cur = redis.call('HGET', KEYS[1], 'state')
+-- One read and one write of the record (a script's cost is mostly its redis.call count).
+local h = redis.call('HMGET', KEYS[1], 'state', 'attempt')
+local cur = h[1]
 if not cur then return {'missing'} end
 if ARGV[3] ~= '' then
-  local att = redis.call('HGET', KEYS[1], 'attempt') or '0'
+  local att = h[2] or '0'
   if att ~= ARGV[3] then return {'stale', att} end
 end
 if cur == ARGV[1] then return {'same', cur} end
@@ -122,10 +124,9 @@ for s in string.gmatch(ARGV[2], '[^,]+') do
   if s == cur then allowed = true end
 end
 if not allowed then return {'illegal', cur} end
-redis.call('HSET', KEYS[1], 'state', ARGV[1])
-for i = 9, #ARGV, 2 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-end
+local fields = {'state', ARGV[1]}
+for i = 9, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(fields))
 if ARGV[6] ~= '' then redis.call('ZREM', KEYS[4], ARGV[6]) end
 if ARGV[8] == 'remove' then
   redis.call('ZREM', KEYS[5], ARGV[7])

@@ -211,14 +211,15 @@ async def _dispatch_and_review(rt: Runtime, goal_id: str, stored: StoredPlan) ->
     """Dispatch every ready task; when every task of the plan is done, hand the goal to review."""
     records = await rt.store.get_tasks(goal_id)
     states = {tid: rec.state for tid, rec in records.items()}
-    for tid in ready_tasks(stored.plan, states):
-        if tid in records:
-            await _dispatch(rt, records[tid])
-    for spec in stored.plan.tasks:
-        rec = records.get(spec.id)
-        if rec is not None and rec.state is TaskState.READY:
-            # Claimed by a run that stopped before its enqueue; the deterministic job id dedupes.
-            await rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=rec.task_id, attempt=rec.attempt))
+    async with rt.jobs.batch():  # the executors are woken once for all the tasks dispatched here
+        for tid in ready_tasks(stored.plan, states):
+            if tid in records:
+                await _dispatch(rt, records[tid])
+        for spec in stored.plan.tasks:
+            rec = records.get(spec.id)
+            if rec is not None and rec.state is TaskState.READY:
+                # Claimed by a run that stopped before its enqueue; the deterministic job id dedupes.
+                await rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=rec.task_id, attempt=rec.attempt))
     if all_done(stored.plan, states) and await _move_goal(rt, goal_id, GoalState.REVIEWING):
         await rt.jobs.enqueue(ReviewGoalJob(goal_id=goal_id, plan_version=stored.version))
         log.info("plan.all_done", version=stored.version)

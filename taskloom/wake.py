@@ -2,8 +2,10 @@
 
 Written against arq 0.28 (pinned to 0.28.* in pyproject.toml). It relies on three private things of
 arq, each checked by tests/test_arq_internals.py, which fails loudly when an arq upgrade changes
-them: `Worker.main` (re-implemented below), `Worker._poll_iteration` (called below), and the
-in-progress mark `arq:in-progress:<job id>` with `Worker.in_progress_timeout_s` (`hold_job`).
+them: `Worker.main` (re-implemented below), `Worker._poll_iteration` (called below),
+`Worker.start_jobs` (wrapped below), the in-progress mark `arq:in-progress:<job id>` with
+`Worker.in_progress_timeout_s` (`hold_job`), and the format of `run_job`'s per-job log lines
+(`JobLinesFilter`).
 
 Wake-ups: an idle worker reacts to a new job at once instead of at its next queue poll.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import structlog
@@ -35,6 +38,22 @@ from bus.connection import RedisError
 log = structlog.get_logger("taskloom.wake")
 
 BLOCK_MS = 1000  # one XREAD per second per idle worker while nothing happens
+
+# arq 0.28 `Worker.run_job` logs "<t>s → <job>(<args>)" when a job starts and "<t>s ← <job> ● ..."
+# when it ends, with these format strings.
+ARQ_JOB_LINES = ("%6.2fs → %s(%s)%s", "%6.2fs ← %s ● %s")
+
+
+class JobLinesFilter(logging.Filter):
+    """Drops arq's own line per job start and end: the job wrapper logs `job.start` and `job.end`
+    with the goal, task and attempt, so arq's lines only doubled the logging cost of a job (each
+    line is a JSON record through the same processors). arq's retry, failure and abort lines stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in ARQ_JOB_LINES
+
+
+_JOB_LINES_FILTER = JobLinesFilter()
 
 
 def reconnect_delay(failures: int) -> float:
@@ -57,6 +76,8 @@ class WakeableWorker(Worker):
                 await after(ctx)
 
         super().__init__(*args, after_job_end=job_ended, **kwargs)
+        if _JOB_LINES_FILTER not in arq_logger.filters:
+            arq_logger.addFilter(_JOB_LINES_FILTER)
         if job_lease is not None:
             # arq marks a job it starts "in progress" for the longest job timeout + 10 s, and only
             # re-runs a dead worker's job once the mark expires. Marked for `job_lease` instead, and
@@ -103,6 +124,20 @@ class WakeableWorker(Worker):
                 with contextlib.suppress(asyncio.CancelledError):
                     await listener
 
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        """arq's `start_jobs` without the jobs this worker is running itself.
+
+        A poll returns every due job still in the queue, and a job stays there until it finishes; for
+        each, arq pays WATCH, EXISTS, ZSCORE and UNWATCH (four commands, three round trips) only to
+        find it in progress, and first waits for a free slot to do so. With wake-ups a worker polls
+        at every enqueue and every job end, so this cost grew with the jobs running. A job this
+        worker runs is skipped here; one that ended (a deferred retry, due again) is not.
+        """
+        running = {job_id for job_id, task in self.tasks.items() if not task.done()}
+        if running:
+            job_ids = [j for j in job_ids if j.decode() not in running]
+        await super().start_jobs(job_ids)
+
     async def _listen(self, key: str) -> None:
         """Set the wake-up event for every new entry of the role's wake stream."""
         last = "0-0"
@@ -136,6 +171,8 @@ async def hold_job(ctx: dict[str, Any], ttl: float) -> None:
     key = in_progress_key_prefix + str(ctx.get("job_id"))
     redis = ctx["redis"]
     while True:
+        # The worker set the mark for `ttl` when it picked the job up, a moment ago: the first
+        # renewal is due a third of the way through (most jobs end before it, and send none).
+        await asyncio.sleep(ttl / 3)
         with contextlib.suppress(Exception):  # a missed renewal only risks an early duplicate run
             await redis.pexpire(key, int(ttl * 1000))
-        await asyncio.sleep(ttl / 3)

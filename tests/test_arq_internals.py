@@ -1,8 +1,10 @@
 """arq's private parts that taskloom.wake relies on are still what they were in arq 0.28.
 
-`taskloom.wake` re-implements `Worker.main`, calls `Worker._poll_iteration`, and renews arq's
-in-progress mark. An arq upgrade that changes any of them fails here, by name, instead of showing
-up as slow recovery or a worker loop that silently drifts from arq's own.
+`taskloom.wake` re-implements `Worker.main`, calls `Worker._poll_iteration`, wraps
+`Worker.start_jobs`, renews arq's in-progress mark and filters `run_job`'s per-job log lines;
+`bus.jobs.Jobs.enqueue` writes what `ArqRedis.enqueue_job` writes (job key, queue entry) in its own
+script. An arq upgrade that changes any of them fails here, by name, instead of showing up as slow
+recovery, a worker loop that silently drifts from arq's own, or jobs arq cannot read.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ import hashlib
 import inspect
 
 import arq
-from arq.constants import in_progress_key_prefix
+import arq.jobs
+from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
 from arq.worker import Worker
+
+from taskloom.wake import ARQ_JOB_LINES
 
 # sha256 (first 16 hex digits) of the source of the arq 0.28.0 methods taskloom.wake copies or calls.
 # When arq changes one: read the new code, port the change into taskloom.wake, then update the digest.
@@ -23,8 +29,16 @@ KNOWN_SOURCES = {
 }
 
 
+# ... and of the enqueue that bus.jobs re-implements as a script (with the serializer it calls).
+KNOWN_ENQUEUE = {"enqueue_job": "7da8706a747c1171", "serialize_job": "1fc854cc50e16e5c"}
+
+
 def _digest(name: str) -> str:
-    return hashlib.sha256(inspect.getsource(getattr(Worker, name)).encode()).hexdigest()[:16]
+    return _hash(getattr(Worker, name))
+
+
+def _hash(obj: object) -> str:
+    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]  # type: ignore[arg-type]
 
 
 def test_arq_is_the_version_taskloom_wake_was_written_against() -> None:
@@ -44,3 +58,20 @@ def test_the_in_progress_mark_is_where_hold_job_renews_it() -> None:
     source = inspect.getsource(Worker.start_jobs)
     assert "in_progress_key_prefix" in source and "self.in_progress_timeout_s" in source
     assert inspect.iscoroutinefunction(Worker._poll_iteration)
+
+
+def test_the_enqueue_bus_jobs_writes_is_arqs() -> None:
+    """`ArqRedis.enqueue_job` and `serialize_job` are unchanged: `Jobs.enqueue`'s script writes the
+    same job key (`arq:job:<id>`, psetex with the job's expiry), the same queue entry (score = enqueue
+    time) and checks the same result key (`arq:result:<id>`)."""
+    found = {"enqueue_job": _hash(ArqRedis.enqueue_job), "serialize_job": _hash(arq.jobs.serialize_job)}
+    assert found == KNOWN_ENQUEUE, f"arq changed its enqueue; port it into bus/jobs.py (_ENQUEUE): {found}"
+    assert (job_key_prefix, result_key_prefix) == ("arq:job:", "arq:result:")
+    assert inspect.signature(ArqRedis.__init__).parameters["expires_extra_ms"].default == 86_400_000
+
+
+def test_the_per_job_log_lines_wake_filters_are_arqs() -> None:
+    """run_job logs a job's start and end with the format strings `taskloom.wake.JobLinesFilter` drops."""
+    source = inspect.getsource(Worker.run_job)
+    for fmt in ARQ_JOB_LINES:
+        assert repr(fmt) in source or f"'{fmt}'" in source, f"run_job no longer logs {fmt!r}"

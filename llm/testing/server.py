@@ -327,6 +327,13 @@ def validate_messages_body(body: Mapping[str, Any]) -> str | None:
 class _Handler(BaseHTTPRequestHandler):
     fake: FakeAnthropicServer  # set on the per-server subclass
     server_version = "FakeAnthropic/1"
+    # HTTP/1.1 with keep-alive, like the real API: an SDK client reuses its connection instead of
+    # opening one per request (which cost both ends a TCP handshake and a thread per call). Every
+    # response says its content-length, except a stream, which closes its connection.
+    protocol_version = "HTTP/1.1"
+    # Headers and body are separate writes: without TCP_NODELAY the body would wait for the
+    # client's delayed ACK on a kept-alive connection.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: tests read `server.requests` instead of access logs."""
@@ -426,8 +433,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
         self.send_header("request-id", rid)
+        self.send_header("connection", "close")
         self.end_headers()
-        self.close_connection = True  # HTTP/1.0: the end of the body is the end of the connection
+        self.close_connection = True  # no content-length: the end of the body is the end of the connection
         for event, data in sse_events(message):
             self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
             self.wfile.flush()
