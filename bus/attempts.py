@@ -23,8 +23,9 @@ from redis.asyncio import Redis
 
 from llm.types import Message, ModelResponse, Usage
 
+from .events import encode
 from .keys import Keys
-from .schemas import TaskResult
+from .schemas import Event, TaskResult
 
 # How one tool call ended (the gateway decides; the step record keeps it).
 Outcome = Literal[
@@ -128,10 +129,18 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 return 1
 """
 
-# KEYS: lease, pending. ARGV: epoch, then field/value pairs. Returns 1, or 0 if the lease was lost.
+# KEYS: lease, pending, [goal stream, global stream]. ARGV: epoch, event JSON ('' = none), stream
+# maxlen, then field/value pairs. Returns 1, or 0 if the lease was lost (nothing written).
+# The event (a tool call's audit record) is appended with the outcome it reports: one round trip.
 _PENDING_SET = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+local pairs = {}
+for i = 4, #ARGV do pairs[#pairs + 1] = ARGV[i] end
+redis.call('HSET', KEYS[2], unpack(pairs))
+if ARGV[2] ~= '' then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', tonumber(ARGV[3]) * 10, '*', 'e', ARGV[2])
+end
 return 1
 """
 
@@ -171,9 +180,13 @@ def now_ms() -> int:
 class AttemptStore:
     """Checkpoints of one task attempt, written under its lease."""
 
-    def __init__(self, redis: Redis, keys: Keys, goal_id: str, task_id: str, attempt: int) -> None:
+    def __init__(
+        self, redis: Redis, keys: Keys, goal_id: str, task_id: str, attempt: int, events_maxlen: int = 10_000
+    ) -> None:
         self.redis = redis
         self.keys = keys
+        self.events_maxlen = events_maxlen
+        self.streams = [keys.goal_events(goal_id), keys.global_events()]
         self.lease_key = keys.attempt_lease(goal_id, task_id, attempt)
         self.steps_key = keys.attempt_steps(goal_id, task_id, attempt)
         self.pending_key = keys.attempt_pending(goal_id, task_id, attempt)
@@ -236,8 +249,12 @@ class AttemptStore:
         }
         return Pending(turn=turn, started=started, results=results)
 
-    async def _set(self, *pairs: str) -> None:
-        ok = await self._pending_set(keys=[self.lease_key, self.pending_key], args=[self.epoch, *pairs])
+    async def _set(self, *pairs: str, event: Event | None = None) -> None:
+        body = encode(event) if event is not None else ""
+        ok = await self._pending_set(
+            keys=[self.lease_key, self.pending_key, *self.streams],
+            args=[self.epoch, body, self.events_maxlen, *pairs],
+        )
         if not ok:
             raise LeaseLost(self.member, self.epoch)
 
@@ -247,8 +264,9 @@ class AttemptStore:
     async def mark_started(self, call_id: str) -> None:
         await self._set(f"started:{call_id}", "1")
 
-    async def save_outcome(self, outcome: ToolOutcome) -> None:
-        await self._set(f"result:{outcome.call_id}", outcome.model_dump_json())
+    async def save_outcome(self, outcome: ToolOutcome, event: Event | None = None) -> None:
+        """Store a call's outcome, and with it (same script) its audit `event` on the goal's streams."""
+        await self._set(f"result:{outcome.call_id}", outcome.model_dump_json(), event=event)
 
     async def append_step(self, step: StepRecord) -> None:
         ok = await self._append(

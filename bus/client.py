@@ -139,21 +139,23 @@ class Client:
         if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
             raise ValueError(f"timeout: expected a finite number of seconds >= 0, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        after: str | None = None
-        while True:
-            # Read state after noting the stream position, so no terminal event slips between them.
-            tail = await self.redis.xrevrange(self.keys.goal_events(goal_id), count=1)
-            if tail:
-                pos = tail[0][0]
-                after = pos.decode() if isinstance(pos, bytes) else str(pos)
-            goal = await self.get(goal_id)
-            if goal.terminal:
-                return goal
+        # Read state after noting the stream position, so no terminal event slips between them.
+        tail = await self.redis.xrevrange(self.keys.goal_events(goal_id), count=1)
+        after: str | None = _s(tail[0][0]) if tail else None
+        goal = await self.get(goal_id)
+        while not goal.terminal:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise WaitTimeout(goal_id, goal.state.value, timeout or 0)
             block = 1000 if left is None else max(1, min(1000, int(left * 1000)))
-            await self.log.read(goal_id, after=after, count=100, block_ms=block)
+            batch = await self.log.read(goal_id, after=after, count=100, block_ms=block)
+            if batch:
+                after = batch[-1].position
+            # Every change of the goal's state emits `goal.state` in the script that makes it: the
+            # record is read again only then (or after a quiet second), not after every task event.
+            if not batch or any(e.type == "goal.state" for e in batch):
+                goal = await self.get(goal_id)
+        return goal
 
     async def events(self, goal_id: str, after: str | None = None, follow: bool = True) -> AsyncIterator[Event]:
         """The goal's events after position `after`; with `follow`, keeps going until the goal ends.

@@ -58,6 +58,8 @@ TENANT_NAME_PATTERN = r"^[A-Za-z0-9_.@-]{1,64}$"
 def usd_to_micro(usd: float) -> int:
     """Dollars as integer micro-USD (rounded down: a budget never grows by rounding)."""
     return int(Decimal(str(usd)) * 1_000_000)
+
+
 # Expired reservations closed per script call: bounds the time one reserve can spend sweeping.
 SWEEP_BATCH = 100
 
@@ -374,18 +376,20 @@ local KINDS = {'input', 'output', 'cache_read', 'cache_write', 'cost'}
 -- and one HINCRBY per field made a settle cost ~25 commands. Exact like HINCRBY for integers up to
 -- 2^53 (token counts and micro-USD stay far below), and like HINCRBY it refuses a field that holds
 -- no integer.
+local function int_of(v, key, field)
+  if not v then return 0 end
+  local n = tonumber(v)
+  if not n or n ~= math.floor(n) then error({err = 'ERR hash value is not an integer: ' .. key .. ' ' .. field}) end
+  return n
+end
+
 local function add_all(key, fields, delta)
   if #fields == 0 then return end
   local cur = redis.call('HMGET', key, unpack(fields))
   local args = {}
   for i, field in ipairs(fields) do
-    local n = 0
-    if cur[i] then
-      n = tonumber(cur[i])
-      if not n or n ~= math.floor(n) then error({err = 'ERR hash value is not an integer: ' .. key .. ' ' .. field}) end
-    end
     args[#args + 1] = field
-    args[#args + 1] = string.format('%d', n + delta[i])
+    args[#args + 1] = string.format('%d', int_of(cur[i], key, field) + delta[i])
   end
   redis.call('HSET', key, unpack(args))
 end
@@ -589,13 +593,8 @@ for _, b in ipairs(books) do
     written[b.key] = true
     local args = {}
     for i, field in ipairs(fields) do
-      local n = 0
-      if b.raw[i] then
-        n = tonumber(b.raw[i])
-        if not n or n ~= math.floor(n) then error({err = 'ERR hash value is not an integer: ' .. b.key .. ' ' .. field}) end
-      end
       args[#args + 1] = field
-      args[#args + 1] = string.format('%d', n + delta[i])
+      args[#args + 1] = string.format('%d', int_of(b.raw[i], b.key, field) + delta[i])
     end
     if b.key == tkey and tnew then
       -- A new period's books: `budget` 0 marks them as existing (the limits live in the tenant's settings).
@@ -622,7 +621,9 @@ return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g
 """
 )
 
-# KEYS: open hash, expiry zset. ARGV: reservation id, mode ('settle' | 'release' | 'forfeit'),
+# KEYS: open hash, expiry zset, [a key to delete as well: the goal's provider-trouble clock, which a
+#       successful call ends; in this script to save the caller a round trip].
+# ARGV: reservation id, mode ('settle' | 'release' | 'forfeit'),
 #       then for 'settle': input, output, cache read, cache write tokens, cost, unpriced (0/1).
 # Returns 1 if the reservation was open (and is now closed), 0 if it was already closed.
 _CLOSE = (
@@ -630,7 +631,9 @@ _CLOSE = (
     + """
 local u = {}
 for i = 3, #ARGV do u[#u + 1] = tonumber(ARGV[i]) end
-if close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u) then return 1 end
+local closed = close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u)
+if KEYS[3] then redis.call('DEL', KEYS[3]) end
+if closed then return 1 end
 return 0
 """
 )
@@ -770,17 +773,21 @@ class Ledger:
             spent_fraction=int(_s(out[7])) / 1000,
         )
 
-    async def settle(self, reservation: Reservation, usage: Usage, *, model: str | None = None) -> bool:
+    async def settle(
+        self, reservation: Reservation, usage: Usage, *, model: str | None = None, clear: str | None = None
+    ) -> bool:
         """Record what the call really used (priced for `model`, e.g. `ModelResponse.model`).
 
         True if this closed the reservation; False (nothing changed) if it was already settled,
         released, forfeited or expired: a retried settle, or one that arrives after expiry
-        already counted the full amount.
+        already counted the full amount. `clear`: a key to delete in the same step, whatever the
+        outcome (the goal's provider-trouble clock, which a successful call ends).
         """
         cost = self.prices.cost(model or reservation.model, usage)
         return await self._close_one(
             reservation,
             "settle",
+            clear,
             usage.input_tokens,
             usage.output_tokens,
             usage.cache_read_tokens,
@@ -791,14 +798,15 @@ class Ledger:
 
     async def release(self, reservation: Reservation) -> bool:
         """Free the reservation: the call never reached the provider. Idempotent like `settle`."""
-        return await self._close_one(reservation, "release")
+        return await self._close_one(reservation, "release", None)
 
     async def forfeit(self, reservation: Reservation) -> bool:
         """Count the full reservation as spent: the call's outcome is unknown (timeout, cancellation)."""
-        return await self._close_one(reservation, "forfeit")
+        return await self._close_one(reservation, "forfeit", None)
 
-    async def _close_one(self, reservation: Reservation, mode: str, *usage: int) -> bool:
-        out = await self._close(keys=[self._open_key, self._expiry_key], args=[reservation.id, mode, *usage])
+    async def _close_one(self, reservation: Reservation, mode: str, clear: str | None, *usage: int) -> bool:
+        keys = [self._open_key, self._expiry_key, *([clear] if clear else [])]
+        out = await self._close(keys=keys, args=[reservation.id, mode, *usage])
         return bool(out)
 
     async def sweep(self) -> int:

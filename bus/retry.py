@@ -117,6 +117,10 @@ class TroubleClock:
             _, since = await pipe.execute()
         return int(since) if since is not None else now_ms
 
+    def key(self, goal_id: str) -> str:
+        """The clock's key (a successful call deletes it, with its ledger settle: `Ledger.settle(clear=)`)."""
+        return self.keys.provider_trouble(goal_id)
+
     async def succeeded(self, goal_id: str) -> None:
         await self.redis.delete(self.keys.provider_trouble(goal_id))
 

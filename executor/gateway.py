@@ -33,6 +33,7 @@ from .sources.base import CatalogTool, InvalidArguments, OutcomeUnknown, ToolCon
 
 log = structlog.get_logger("taskloom.tools")
 
+
 def render(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -169,8 +170,13 @@ class ToolGateway:
             seconds=time.perf_counter() - started,
         )
 
-    async def audit(self, call: ToolUseBlock, outcome: ToolOutcome, ctx: ToolContext) -> None:
-        """One event per call on the goal's stream: tool, argument digest, duration, outcome."""
+    async def audit(
+        self, call: ToolUseBlock, outcome: ToolOutcome, ctx: ToolContext, emit: bool = True
+    ) -> Event | None:
+        """One event per call on the goal's stream: tool, argument digest, duration, outcome.
+
+        `emit=False`: the caller appends the returned event itself (the loop stores it with the
+        outcome, in one script); None when this gateway has no event log."""
         data = {
             "call_id": call.id,
             "tool": call.name,
@@ -188,5 +194,9 @@ class ToolGateway:
         # A name the model invented is not a label value (unbounded): it is counted as "(unknown)".
         tool = call.name if outcome.outcome != "unknown_tool" else "(unknown)"
         observe(lambda o: o.tool_call(tool, outcome.outcome, outcome.seconds))
-        if self.events is not None:
-            await self.events.emit(Event(type="tool.call", goal_id=ctx.goal_id, task_id=ctx.task_id, data=data))
+        if self.events is None:
+            return None
+        event = Event(type="tool.call", goal_id=ctx.goal_id, task_id=ctx.task_id, data=data)
+        if emit:
+            await self.events.emit(event)
+        return event

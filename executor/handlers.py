@@ -58,13 +58,15 @@ class RedisApprovals(Approvals):
         await self.book.request(self.goal_id, call.id, ctx.task_id, ctx.attempt, call.name, dict(call.input), event)
 
 
-async def _task_input(rt: Runtime, job: ExecuteJob, plan_version: int, feedback: str | None) -> TaskInput:
-    goal = await rt.store.get_goal(job.goal_id)
+async def _task_input(
+    rt: Runtime, job: ExecuteJob, goal: GoalRecord, plan_version: int, feedback: str | None
+) -> TaskInput:
+    """`goal` as `execute` read it a moment ago (its text, budget and deadline never change)."""
     plan = (await rt.store.get_plan(job.goal_id, plan_version)).plan
     spec = plan.task(job.task_id)
     if spec is None:
         raise NotFound("task spec", f"{job.goal_id}/{job.task_id} in plan v{plan_version}")
-    results = await rt.store.latest_results(job.goal_id, spec.depends_on)
+    results = await rt.store.latest_results(job.goal_id, spec.depends_on) if spec.depends_on else {}
     deps = [(dep, result.answer if result else "(no result)") for dep, result in results.items()]
     effects = await SideEffects(rt.redis, rt.keys).history(job.goal_id, job.task_id)
     earlier = [e for e in effects if e.attempt < job.attempt]
@@ -87,9 +89,7 @@ def _offered(registry: ToolRegistry, task: TaskInput, goal_tools: list[str] | No
     return [t.name for t in select_tools(registry.definitions(allowed), text, limit)]
 
 
-async def execute(
-    rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Callable[[], bool] | None = None
-) -> None:
+async def execute(rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Callable[[], bool] | None = None) -> None:
     """Run or resume one task attempt with the tools of `tools` (a `ToolRegistry`, or the worker's
     live `Catalog`). `stopping()` turns true when this worker shuts down: the loop then hands the
     attempt over between two steps (see `_hand_over`).
@@ -106,7 +106,7 @@ async def execute(
     await tenants.acquire_slot(tenant, member, 2 * rt.limits.lease_ttl)
     renew = asyncio.create_task(_hold_slot(tenants, tenant, member, rt.limits.lease_ttl))
     try:
-        await _execute(rt, job, tools, stopping)
+        await _execute(rt, job, goal, tools, stopping)
     finally:
         renew.cancel()
         with contextlib.suppress(Exception):
@@ -120,12 +120,14 @@ async def _hold_slot(tenants: Tenants, tenant: str, member: str, ttl: float) -> 
             await tenants.acquire_slot(tenant, member, 2 * ttl)
 
 
-async def _execute(rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Callable[[], bool] | None) -> None:
-    started = await _start(rt, job)
-    if started is None:
+async def _execute(
+    rt: Runtime, job: ExecuteJob, goal: GoalRecord, tools: ToolCatalog, stopping: Callable[[], bool] | None
+) -> None:
+    """`goal`: as `execute` read it, just before taking the tenant slot (it was not terminal then)."""
+    task = await _start(rt, job)
+    if task is None:
         return
-    goal, task = started
-    store = AttemptStore(rt.redis, rt.keys, job.goal_id, job.task_id, job.attempt)
+    store = AttemptStore(rt.redis, rt.keys, job.goal_id, job.task_id, job.attempt, rt.events.maxlen)
     holder = f"{HOLDER}:{uuid.uuid4().hex[:8]}"
     if not await store.acquire(holder, rt.limits.lease_ttl):
         log.info("execute.skipped", reason="another executor holds the attempt's lease")
@@ -171,12 +173,11 @@ async def _execute(rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: C
         observe(lambda o: o.task_run(outcome, seconds))
 
 
-async def _start(rt: Runtime, job: ExecuteJob) -> tuple[GoalRecord, TaskRecord] | None:
-    """Move the job's task to `running` if this job may run it; None (logged) when it may not."""
-    goal = await rt.store.get_goal(job.goal_id)
-    if goal.state in GOAL_TERMINAL:
-        log.info("execute.skipped", reason=f"goal {goal.state.value}")
-        return None
+async def _start(rt: Runtime, job: ExecuteJob) -> TaskRecord | None:
+    """Move the job's task to `running` if this job may run it; None (logged) when it may not.
+
+    The goal was read (not terminal) by `execute` one round trip earlier, not again here: a goal
+    that ends after that read is the same race as one that ends just after any read."""
     task = await rt.store.get_task(job.goal_id, job.task_id)
     if task.attempt != job.attempt:
         log.info("execute.skipped", reason=f"task is on attempt {task.attempt}")
@@ -196,7 +197,7 @@ async def _start(rt: Runtime, job: ExecuteJob) -> tuple[GoalRecord, TaskRecord] 
     elif task.state != TaskState.RUNNING:
         log.info("execute.skipped", reason=f"task is {task.state.value}")
         return None
-    return goal, task
+    return task
 
 
 async def _make_loop(
@@ -209,7 +210,7 @@ async def _make_loop(
     stopping: Callable[[], bool] | None,
 ) -> Loop:
     """The attempt's loop: its input, the tools it is offered, and the services it writes through."""
-    task_input = await _task_input(rt, job, task.plan_version, task.feedback)
+    task_input = await _task_input(rt, job, goal, task.plan_version, task.feedback)
     registry = await tools.snapshot()
     allowed = _offered(registry, task_input, goal.goal.allowed_tools, rt.limits.tool_select_limit)
     gateway = ToolGateway(
@@ -241,7 +242,6 @@ async def _run_loop(
     rt: Runtime, job: ExecuteJob, loop: Loop, store: AttemptStore, heartbeat: asyncio.Task[None]
 ) -> str:
     """Run the loop under the lease and act on how it ended; returns that outcome (for metrics)."""
-    log.info("execute.start", epoch=store.epoch, resumed_steps=len(await store.steps()))
     try:
         result = await loop.run()
     except Handover as handover:

@@ -200,6 +200,7 @@ class Loop:
         """Run (or resume) the attempt to a result. Raises `Paused` when a call awaits approval."""
         first = Message.user(context_text(self.task, self.limits.dependency_result_limit))
         messages, state, usage = rebuild(first, await self.store.steps())
+        log.info("execute.start", epoch=self.store.epoch, resumed_steps=state.steps)
         pending = await self.store.pending()
         requires_tools = bool(self.task.spec.tools) and bool(self.gateway.allowed)
         started = self.store.started_ms / 1000 if self.store.started_ms else time.time()
@@ -225,11 +226,12 @@ class Loop:
                 # A model error is not the attempt's failure: it escapes to the job layer, which
                 # re-runs this job later (the attempt continues at this very step) or, past the
                 # goal's provider patience or for a terminal error, fails the goal (bus.retry).
-                await self.store.save_turn(response)
+                fresh = True
             else:
                 response = pending.turn  # the reply we received before a crash: not asked again
+                fresh = False
             usage = usage + response.usage
-            outcome = await self._step(response, pending, messages, state, requires_tools)
+            outcome = await self._step(response, pending, messages, state, requires_tools, fresh)
             seconds = time.perf_counter() - step_started
             observe(lambda o: o.step(seconds))  # noqa: B023 - called right here, not later
             pending = Pending()
@@ -244,8 +246,14 @@ class Loop:
         messages: list[Message],
         state: policy.LoopState,
         requires_tools: bool,
+        fresh: bool = False,
     ) -> tuple[TaskStop, str] | None:
-        """Apply one model reply; store the step. Returns (stop reason, answer) when the attempt ends."""
+        """Apply one model reply; store the step. Returns (stop reason, answer) when the attempt ends.
+
+        `fresh`: the reply has just come from the model (not read back after a crash). It is stored
+        as the pending turn before any tool runs, so that a crash never pays for the same call
+        twice; a reply that runs no tool goes straight into its step record (one write instead of
+        two, with the same window: between the reply and the first write)."""
         # An empty turn (possible at max_tokens) still needs a block to be a valid message.
         empty = Message(role="assistant", content=[TextBlock(text="...")])
         assistant = response.as_message() if response.content else empty
@@ -267,6 +275,8 @@ class Loop:
         elif action == "nudge_use_tools":
             reply, notes = Message.user(policy.USE_TOOLS_NUDGE), ["use_tools"]
         elif action == "tools":
+            if fresh:
+                await self.store.save_turn(response)
             outcomes, loop_stop, repeated = await self._run_tools(response.tool_uses, pending, state)
             if "repeat" in state.notes and repeated:
                 notes = ["repeat"]
@@ -428,7 +438,8 @@ class Loop:
         )
 
     async def _record(self, call: ToolUseBlock, outcome: ToolOutcome, state: policy.LoopState) -> ToolOutcome:
-        """Store an outcome as soon as it exists (a crash later keeps it) and audit it."""
-        await self.store.save_outcome(outcome)
-        await self.gateway.audit(call, outcome, self._ctx(call, state))
+        """Store an outcome as soon as it exists (a crash later keeps it) and audit it; its event is
+        written by the same script as the outcome."""
+        event = await self.gateway.audit(call, outcome, self._ctx(call, state), emit=False)
+        await self.store.save_outcome(outcome, event)
         return outcome
