@@ -87,17 +87,17 @@ class Pending(BaseModel):
 # KEYS: lease, leases zset. ARGV: holder, ttl_ms, now_ms, member
 # Returns {'ok', epoch, started_ms} or {'held', epoch}
 _ACQUIRE = """
-local exp = tonumber(redis.call('HGET', KEYS[1], 'expires_ms') or '0')
-local holder = redis.call('HGET', KEYS[1], 'holder')
-if exp > tonumber(ARGV[3]) and holder ~= ARGV[1] then
-  return {'held', redis.call('HGET', KEYS[1], 'epoch') or '0'}
+local h = redis.call('HMGET', KEYS[1], 'expires_ms', 'holder', 'epoch', 'started_ms')
+local exp = tonumber(h[1] or '0')
+if exp > tonumber(ARGV[3]) and h[2] ~= ARGV[1] then
+  return {'held', h[3] or '0'}
 end
-local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+local epoch = tonumber(h[3] or '0') + 1
+local started = h[4] or ARGV[3]
 local expires = tonumber(ARGV[3]) + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'expires_ms', expires)
-redis.call('HSETNX', KEYS[1], 'started_ms', ARGV[3])
+redis.call('HSET', KEYS[1], 'epoch', epoch, 'holder', ARGV[1], 'expires_ms', expires, 'started_ms', started)
 redis.call('ZADD', KEYS[2], expires, ARGV[4])
-return {'ok', tostring(epoch), redis.call('HGET', KEYS[1], 'started_ms')}
+return {'ok', tostring(epoch), started}
 """
 
 # KEYS: lease, leases zset. ARGV: epoch, ttl_ms, now_ms, member. Returns 1, or 0 if the lease was lost.
@@ -193,6 +193,9 @@ class AttemptStore:
         self.member = keys.lease_member(goal_id, task_id, attempt)
         self.epoch = 0
         self.started_ms = 0
+        # True from taking the lease first (epoch 1) until this store writes: every step and pending
+        # step is written under a lease, so none can exist yet, and reading them back is skipped.
+        self._empty = False
         self._acquire = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
         self._finish = redis.register_script(_FINISH)
@@ -211,6 +214,7 @@ class AttemptStore:
             return False
         self.epoch = int(out[1])
         self.started_ms = int(out[2])
+        self._empty = self.epoch == 1
         return True
 
     async def renew(self, ttl: float) -> None:
@@ -232,10 +236,14 @@ class AttemptStore:
         return bool(out)
 
     async def steps(self) -> list[StepRecord]:
+        if self._empty:
+            return []
         rows = await self.redis.lrange(self.steps_key, 0, -1)  # type: ignore[misc]
         return [StepRecord.model_validate_json(r) for r in rows]
 
     async def pending(self) -> Pending:
+        if self._empty:
+            return Pending()
         raw = {
             (k.decode() if isinstance(k, bytes) else k): v
             for k, v in (await self.redis.hgetall(self.pending_key)).items()  # type: ignore[misc]
@@ -250,6 +258,7 @@ class AttemptStore:
         return Pending(turn=turn, started=started, results=results)
 
     async def _set(self, *pairs: str, event: Event | None = None) -> None:
+        self._empty = False
         body = encode(event) if event is not None else ""
         ok = await self._pending_set(
             keys=[self.lease_key, self.pending_key, *self.streams],
@@ -269,6 +278,7 @@ class AttemptStore:
         await self._set(f"result:{outcome.call_id}", outcome.model_dump_json(), event=event)
 
     async def append_step(self, step: StepRecord) -> None:
+        self._empty = False
         ok = await self._append(
             keys=[self.lease_key, self.steps_key, self.pending_key],
             args=[self.epoch, step.index, step.model_dump_json()],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -291,11 +292,28 @@ def _csv(states: Any) -> str:
     return ",".join(sorted(str(s) for s in states))
 
 
+# In-process memory of what never changes once stored: a goal's deadline (part of its immutable
+# record) and each plan version (never overwritten). Bounded; the oldest entries go first.
+MEMO_SIZE = 2048
+
+
+class _Memo(OrderedDict[Any, Any]):
+    def put(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > MEMO_SIZE:
+            self.popitem(last=False)
+
+
 class Store:
     def __init__(self, redis: Redis, keys: Keys, events_maxlen: int = 10_000) -> None:
         self.redis = redis
         self.keys = keys
         self.maxlen = events_maxlen
+        # goal id -> its deadline (None: it has none), from any goal read: `expire_if_late`, which
+        # every job runs first, then needs no read of its own for a goal this process has seen.
+        self._deadlines = _Memo()
+        self._plans = _Memo()  # (goal id, version) -> StoredPlan
         self._transition = redis.register_script(_TRANSITION)
         self._create_goal = redis.register_script(_CREATE_GOAL)
         self._save_plan = redis.register_script(_SAVE_PLAN)
@@ -347,7 +365,7 @@ class Store:
         h = {_s(k): _s(v) for k, v in raw.items()}
         try:
             core = json.loads(h["record"])
-            return GoalRecord.model_validate(
+            record = GoalRecord.model_validate(
                 {
                     **core,
                     "state": h["state"],
@@ -362,6 +380,8 @@ class Store:
             )
         except (ValueError, TypeError, KeyError) as exc:
             raise _corrupt("goal", self.keys.goal(goal_id), exc) from None
+        self._deadlines.put(goal_id, record.goal.deadline)
+        return record
 
     async def transition_goal(
         self,
@@ -406,6 +426,10 @@ class Store:
         Every job checks this before its handler runs, so a late goal stops at its next hop; an
         executor also stops an attempt at the deadline between steps.
         """
+        if goal_id in self._deadlines:  # known without a read: a goal's deadline never changes
+            known = self._deadlines[goal_id]
+            if known is None or (now or utcnow()) <= known:
+                return False
         goal = await self.get_goal(goal_id)
         deadline = goal.goal.deadline
         if deadline is None or goal.terminal or (now or utcnow()) <= deadline:
@@ -547,6 +571,9 @@ class Store:
     async def get_plan(self, goal_id: str, version: int | None = None) -> StoredPlan:
         if version is None:
             version = (await self.get_goal(goal_id)).plan_version
+        known: StoredPlan | None = self._plans.get((goal_id, version))
+        if known is not None:
+            return known  # a stored version is never overwritten (`save_plan` refuses a stale one)
         try:
             raw = await self.redis.get(self.keys.plan(goal_id, version)) if version else None
         except ResponseError as exc:
@@ -554,9 +581,11 @@ class Store:
         if raw is None:
             raise NotFound("plan", f"{goal_id} v{version}")
         try:
-            return StoredPlan.model_validate_json(raw)
+            plan = StoredPlan.model_validate_json(raw)
         except ValueError as exc:
             raise _corrupt("plan", self.keys.plan(goal_id, version), exc) from None
+        self._plans.put((goal_id, version), plan)
+        return plan
 
     # -- tasks --------------------------------------------------------------------------------
     async def get_task(self, goal_id: str, task_id: str) -> TaskRecord:

@@ -68,7 +68,8 @@ async def _task_input(
         raise NotFound("task spec", f"{job.goal_id}/{job.task_id} in plan v{plan_version}")
     results = await rt.store.latest_results(job.goal_id, spec.depends_on) if spec.depends_on else {}
     deps = [(dep, result.answer if result else "(no result)") for dep, result in results.items()]
-    effects = await SideEffects(rt.redis, rt.keys).history(job.goal_id, job.task_id)
+    # Side effects of earlier attempts (attempt numbers start at 1: the first has none to read).
+    effects = await SideEffects(rt.redis, rt.keys).history(job.goal_id, job.task_id) if job.attempt > 1 else []
     earlier = [e for e in effects if e.attempt < job.attempt]
     return TaskInput(
         goal=goal,
