@@ -15,6 +15,7 @@ can be mangled by Lua's cjson (which, for one, turns an empty list into an objec
 
 from __future__ import annotations
 
+import contextvars
 import json
 import time
 from collections import OrderedDict
@@ -305,6 +306,13 @@ class _Memo(OrderedDict[Any, Any]):
             self.popitem(last=False)
 
 
+# The goal record `expire_if_late` just read, for the first `get_goal` of the same job (a context
+# variable: each arq job runs in its own task, so jobs never see each other's).
+_JUST_READ: contextvars.ContextVar[tuple[str, GoalRecord] | None] = contextvars.ContextVar(
+    "taskloom_goal_just_read", default=None
+)
+
+
 class Store:
     def __init__(self, redis: Redis, keys: Keys, events_maxlen: int = 10_000) -> None:
         self.redis = redis
@@ -356,6 +364,10 @@ class Store:
         return bool(created)
 
     async def get_goal(self, goal_id: str) -> GoalRecord:
+        handed = _JUST_READ.get()
+        if handed is not None and handed[0] == goal_id:
+            _JUST_READ.set(None)  # once: a later read in the same job goes to Redis again
+            return handed[1]
         try:
             raw = await self.redis.hgetall(self.keys.goal(goal_id))  # type: ignore[misc]
         except ResponseError as exc:  # WRONGTYPE: the key holds something other than a goal hash
@@ -433,6 +445,9 @@ class Store:
         goal = await self.get_goal(goal_id)
         deadline = goal.goal.deadline
         if deadline is None or goal.terminal or (now or utcnow()) <= deadline:
+            # Every handler reads its goal first thing: it gets this record (read an instant ago,
+            # in the same job) instead of a second read.
+            _JUST_READ.set((goal_id, goal))
             return False
         try:
             return await self.transition_goal(

@@ -87,7 +87,9 @@ def configure_logging(level: str = "INFO", json: bool | None = None, stream: Any
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=False,
+        # A logger resolves its processors once, not on every line (configure_logging only changes
+        # the stdlib handler and formatter on later calls, which cached loggers still go through).
+        cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
