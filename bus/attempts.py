@@ -224,6 +224,12 @@ class AttemptStore:
         if not ok:
             raise LeaseLost(self.member, self.epoch)
 
+    def renew_in(self, pipe: Any, ttl_ms: int, now: int) -> Any:
+        """Queue this lease's renewal on `pipe` (bus.renewals batches them); the reply is 1, or 0
+        when the lease was lost. Returns the script, which must be loaded on the server."""
+        pipe.evalsha(self._renew.sha, 2, self.lease_key, self.keys.leases(), self.epoch, ttl_ms, now, self.member)
+        return self._renew
+
     async def finish(self) -> None:
         await self._finish(keys=[self.lease_key, self.keys.leases()], args=[self.epoch, self.member])
 

@@ -19,6 +19,7 @@ from .events import EventLog
 from .jobs import Jobs
 from .keys import Keys
 from .ledger import BudgetExhausted
+from .renewals import Renewals
 from .retry import RetryPolicy
 from .schemas import GoalState
 from .store import IllegalTransition, Store
@@ -86,9 +87,12 @@ class Runtime:
     tool_catalog: tuple[ToolDef, ...] = ()  # every loaded tool, for the planner's prompt (fixed)
     tools: ToolDefinitions | None = None  # or the live catalog the executors use, when set
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # the job layer's retries (bus.retry)
+    # The process's batched lease renewals (bus.renewals); None: each hold renews on its own.
+    renewals: Renewals | None = None
 
     @classmethod
     def build(cls, redis: ArqRedis, keys: Keys, events_maxlen: int = 10_000, **extra: Any) -> Runtime:
+        extra.setdefault("renewals", Renewals(redis))
         return cls(
             redis=redis,
             keys=keys,
@@ -97,6 +101,10 @@ class Runtime:
             jobs=Jobs(redis, keys),
             **extra,
         )
+
+    def renewer(self) -> Renewals:
+        """The process's renewals, or a fresh set for a runtime built without them."""
+        return self.renewals if self.renewals is not None else Renewals(self.redis)
 
     async def within_budget(self, goal_id: str, call: Awaitable[T]) -> T | None:
         """Await a model-calling coroutine; when the ledger refuses it, end the goal `budget_exhausted`

@@ -279,6 +279,12 @@ class Tenants:
         if int(out[0]) != 1:
             raise TenantBusy(name, int(out[1]), int(out[2]))
 
+    def acquire_slot_in(self, pipe: Any, name: str, member: str, ttl: float) -> Any:
+        """Queue a renewal of the slot on `pipe` (bus.renewals batches them); a full tenant's reply
+        says busy and changes nothing. Returns the script, which must be loaded on the server."""
+        pipe.evalsha(self._acquire.sha, 2, self.keys.tenant_running(name), self.keys.tenant(name), member, ttl)
+        return self._acquire
+
     async def release_slot(self, name: str, member: str) -> None:
         await self.redis.zrem(self.keys.tenant_running(name), member)
 

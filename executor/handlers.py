@@ -19,11 +19,12 @@ from bus.attempts import AttemptStore, LeaseLost, claim_expired, drop_lease, now
 from bus.effects import SideEffects
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
+from bus.renewals import AttemptLease, Renewal, Renewals, TenantSlot
 from bus.runtime import Runtime
 from bus.schemas import GOAL_TERMINAL, Event, GoalRecord, TaskRecord, TaskResult, TaskState
 from bus.stops import TaskStop
 from bus.store import IllegalTransition, NotFound, StaleWrite
-from bus.tenants import TenantBusy, Tenants
+from bus.tenants import Tenants
 from llm.toolselect import select_tools
 from llm.types import ToolUseBlock
 
@@ -105,20 +106,22 @@ async def execute(rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Ca
     tenant, member = goal.goal.tenant, f"{job.goal_id}/{job.task_id}"
     # The slot expires unless renewed, so a dead executor frees it within two lease periods.
     await tenants.acquire_slot(tenant, member, 2 * rt.limits.lease_ttl)
-    renew = asyncio.create_task(_hold_slot(tenants, tenant, member, rt.limits.lease_ttl))
+    slot = TenantSlot(tenants, tenant, member, rt.limits.lease_ttl)
+    renew = asyncio.create_task(_keep(rt.renewer(), slot))
     try:
         await _execute(rt, job, goal, tools, stopping)
     finally:
         renew.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renew  # a renewal in flight lands first: it must not re-take the released slot
         with contextlib.suppress(Exception):
             await asyncio.shield(tenants.release_slot(tenant, member))
 
 
-async def _hold_slot(tenants: Tenants, tenant: str, member: str, ttl: float) -> None:
-    while True:
-        await asyncio.sleep(ttl / 3)
-        with contextlib.suppress(TenantBusy, Exception):  # a late renewal of a lost slot: keep running
-            await tenants.acquire_slot(tenant, member, 2 * ttl)
+async def _keep(renewals: Renewals, item: Renewal) -> None:
+    """Keep `item` renewed (in the process's batched renewals, bus.renewals) until cancelled."""
+    async with renewals.hold(item):
+        await asyncio.Event().wait()
 
 
 async def _execute(
@@ -139,7 +142,7 @@ async def _execute(
         log.info("execute.finishing_stored_result", stop_reason=stored.stop_reason)
         await _finish(rt, store, stored)
         return
-    heartbeat = asyncio.create_task(_heartbeat(store, rt.limits.lease_ttl))
+    heartbeat = asyncio.create_task(_keep(rt.renewer(), AttemptLease(store, rt.limits.lease_ttl)))
     clock, outcome = time.perf_counter(), "failed"  # for metrics: how this run of the loop ended
     try:
         loop = await _make_loop(rt, job, goal, task, tools, store, stopping)
@@ -284,17 +287,6 @@ async def _hand_over(
     resume = ExecuteJob(goal_id=job.goal_id, task_id=job.task_id, attempt=job.attempt, resume=now_ms())
     await rt.jobs.enqueue(resume)
     log.info("execute.handover", steps=steps, resume=resume.resume)
-
-
-async def _heartbeat(store: AttemptStore, ttl: float) -> None:
-    while True:
-        await asyncio.sleep(ttl / 3)
-        try:
-            await store.renew(ttl)
-        except LeaseLost:
-            raise
-        except Exception as exc:  # Redis away for a moment: the next renewal may still be in time
-            log.warning("execute.lease_renew_failed", error=repr(exc))
 
 
 async def _finish(rt: Runtime, store: AttemptStore, result: TaskResult) -> None:

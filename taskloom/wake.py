@@ -34,6 +34,7 @@ from arq.worker import logger as arq_logger
 
 from bus import fleet
 from bus.connection import RedisError
+from bus.renewals import Expire, Renewals
 
 log = structlog.get_logger("taskloom.wake")
 
@@ -158,7 +159,7 @@ class WakeableWorker(Worker):
                 self._woken.set()
 
 
-async def hold_job(ctx: dict[str, Any], ttl: float) -> None:
+async def hold_job(ctx: dict[str, Any], ttl: float, renewals: Renewals | None = None) -> None:
     """Keep arq's "in progress" mark of a running job alive in short leases.
 
     arq marks a started job in progress for the longest job timeout + 10 s (over 10 minutes here),
@@ -169,6 +170,10 @@ async def hold_job(ctx: dict[str, Any], ttl: float) -> None:
     run, just without this shortcut, and tests/test_arq_internals.py fails.)
     """
     key = in_progress_key_prefix + str(ctx.get("job_id"))
+    if renewals is not None:
+        # With the process's other renewals: one pipeline per interval for all its jobs (bus.renewals).
+        async with renewals.hold(Expire(key, ttl)):
+            await asyncio.Event().wait()
     redis = ctx["redis"]
     while True:
         # The worker set the mark for `ttl` when it picked the job up, a moment ago: the first

@@ -146,7 +146,7 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
             log.info("job.start", function=name)
             observe(lambda o: o.job_started(role, name))
             outcome = "ok"
-            holder = asyncio.create_task(hold_job(ctx, ctx["runtime"].limits.lease_ttl))
+            holder = asyncio.create_task(hold_job(ctx, ctx["runtime"].limits.lease_ttl, ctx["runtime"].renewer()))
             try:
                 goal_id = getattr(payload, "goal_id", None)
                 if goal_id is not None and await ctx["runtime"].store.expire_if_late(goal_id):
@@ -308,9 +308,7 @@ def worker_settings(
     }
 
 
-def build_runtime(
-    settings: Settings, redis: ArqRedis, model: ModelPort, registry: ToolRegistry | Catalog
-) -> Runtime:
+def build_runtime(settings: Settings, redis: ArqRedis, model: ModelPort, registry: ToolRegistry | Catalog) -> Runtime:
     ledger = make_ledger(settings, redis)
     keys = keys_for(settings)
     limits = settings.all_rate_limits()
