@@ -84,8 +84,9 @@ class Pending(BaseModel):
     results: dict[str, ToolOutcome] = Field(default_factory=dict)
 
 
-# KEYS: lease, leases zset. ARGV: holder, ttl_ms, now_ms, member
-# Returns {'ok', epoch, started_ms} or {'held', epoch}
+# KEYS: lease, leases zset, results hash. ARGV: holder, ttl_ms, now_ms, member, result field.
+# Returns {'ok', epoch, started_ms, stored result or ''} or {'held', epoch}. The attempt's stored
+# result comes back with the lease (a re-run finds it without another round trip).
 _ACQUIRE = """
 local h = redis.call('HMGET', KEYS[1], 'expires_ms', 'holder', 'epoch', 'started_ms')
 local exp = tonumber(h[1] or '0')
@@ -97,7 +98,7 @@ local started = h[4] or ARGV[3]
 local expires = tonumber(ARGV[3]) + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'epoch', epoch, 'holder', ARGV[1], 'expires_ms', expires, 'started_ms', started)
 redis.call('ZADD', KEYS[2], expires, ARGV[4])
-return {'ok', tostring(epoch), started}
+return {'ok', tostring(epoch), started, redis.call('HGET', KEYS[3], ARGV[5]) or ''}
 """
 
 # KEYS: lease, leases zset. ARGV: epoch, ttl_ms, now_ms, member. Returns 1, or 0 if the lease was lost.
@@ -204,17 +205,22 @@ class AttemptStore:
         self._append = redis.register_script(_APPEND_STEP)
         self._save_result = redis.register_script(_SAVE_RESULT)
         self.results_key = keys.results(goal_id)
+        self.result_field = keys.result_field(task_id, attempt)
+        # The attempt's result as stored when the lease was taken (raw JSON), None if none was.
+        self.stored_result: bytes | str | None = None
 
     async def acquire(self, holder: str, ttl: float) -> bool:
         """Take the lease (a new epoch) unless another live holder has it."""
         out = await self._acquire(
-            keys=[self.lease_key, self.keys.leases()], args=[holder, int(ttl * 1000), now_ms(), self.member]
+            keys=[self.lease_key, self.keys.leases(), self.results_key],
+            args=[holder, int(ttl * 1000), now_ms(), self.member, self.result_field],
         )
         if out[0] in (b"held", "held"):
             return False
         self.epoch = int(out[1])
         self.started_ms = int(out[2])
         self._empty = self.epoch == 1
+        self.stored_result = out[3] or None
         return True
 
     async def renew(self, ttl: float) -> None:

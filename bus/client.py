@@ -148,12 +148,11 @@ class Client:
             if left is not None and left <= 0:
                 raise WaitTimeout(goal_id, goal.state.value, timeout or 0)
             block = 1000 if left is None else max(1, min(1000, int(left * 1000)))
-            batch = await self.log.read(goal_id, after=after, count=100, block_ms=block)
-            if batch:
-                after = batch[-1].position
+            newest, moved = await self.log.next_position(goal_id, after, block, "goal.state")
+            after = newest or after
             # Every change of the goal's state emits `goal.state` in the script that makes it: the
             # record is read again only then (or after a quiet second), not after every task event.
-            if not batch or any(e.type == "goal.state" for e in batch):
+            if newest is None or moved:
                 goal = await self.get(goal_id)
         return goal
 

@@ -720,6 +720,10 @@ class Store:
 
     async def get_result(self, goal_id: str, task_id: str, attempt: int) -> TaskResult | None:
         raw = await self.redis.hget(self.keys.results(goal_id), self.keys.result_field(task_id, attempt))  # type: ignore[misc]
+        return self.parse_result(goal_id, task_id, attempt, raw)
+
+    def parse_result(self, goal_id: str, task_id: str, attempt: int, raw: bytes | str | None) -> TaskResult | None:
+        """A stored result as read from the results hash (None: none stored)."""
         if raw is None:
             return None
         try:

@@ -136,7 +136,7 @@ async def _execute(
     if not await store.acquire(holder, rt.limits.lease_ttl):
         log.info("execute.skipped", reason="another executor holds the attempt's lease")
         return
-    stored = await rt.store.get_result(job.goal_id, job.task_id, job.attempt)
+    stored = rt.store.parse_result(job.goal_id, job.task_id, job.attempt, store.stored_result)
     if stored is not None:
         # An earlier run stored the result and died before handing it on: finish that, run nothing.
         log.info("execute.finishing_stored_result", stop_reason=stored.stop_reason)
@@ -225,7 +225,14 @@ async def _make_loop(
         default_timeout=rt.limits.tool_timeout,
     )
 
+    first = [True]
+
     async def is_cancelled() -> bool:
+        if first[0]:
+            # Asked before the first model call, a moment after `_start` read the task and this job
+            # moved it to running: that read answers (a cancel in between is seen at the next check).
+            first[0] = False
+            return False
         current = await rt.store.get_task(job.goal_id, job.task_id)
         return current.state in (TaskState.CANCELLED, TaskState.SUPERSEDED) or current.attempt != job.attempt
 

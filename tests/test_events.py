@@ -50,3 +50,16 @@ async def test_streams_are_capped(redis: ArqRedis, keys: Keys) -> None:
         await log.emit(Event(type="test.tick", goal_id="g1", data={"i": i}))
     length = await redis.xlen(keys.goal_events("g1"))
     assert 100 <= length < 300
+
+
+async def test_next_position_says_whether_the_goal_state_moved_without_decoding(redis: ArqRedis, keys: Keys) -> None:
+    """`next_position` (what Client.wait blocks on) returns the newest position and whether a
+    `goal.state` event came; a task event whose data mentions that type does not count."""
+    log = EventLog(redis, keys)
+    g = "a" * 32
+    first = await log.emit(Event(type="task.state", goal_id=g, task_id="t", data={"type": "goal.state"}))
+    newest, moved = await log.next_position(g, None, 10, "goal.state")
+    assert (newest, moved) == (first, False)
+    second = await log.emit(Event(type="goal.state", goal_id=g, data={"state": "succeeded"}))
+    assert await log.next_position(g, first, 10, "goal.state") == (second, True)
+    assert await log.next_position(g, second, 10, "goal.state") == (None, False)  # nothing after it
