@@ -16,6 +16,9 @@ function; `--arq-jobs` jobs enqueued at once, timed until the queue is empty. Al
 worker processes' CPU time per job (from /proc) and Redis commands per job (`INFO commandstats`).
 Keys live under a unique prefix and are deleted afterwards.
 
+`--no-hiredis`: the taskloom workers run with redis-py's pure-Python reply parser (hiredis hidden
+from them), to measure what the optional `taskloom[fast]` extra buys.
+
 `--tracing [--rounds N]`: instead of the arq peer, each executor count runs taskloom 4 x N times in
 the same run, tracing off, on, on, off, ... (`TASKLOOM_TRACING=otlp`, every span sampled, exported over OTLP/HTTP with
 the SDK's default batching to a sink in this process that accepts and drops them), and reports
@@ -107,14 +110,33 @@ class SpanSink:
         self.server.server_close()
 
 
+def without_hiredis(bench: Bench, env: dict[str, str]) -> dict[str, str]:
+    """`env` for worker processes that cannot import hiredis (redis-py then parses replies in Python):
+    a `hiredis` package that raises ImportError, first on PYTHONPATH."""
+    shim = bench.home / "no-hiredis" / "hiredis"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "__init__.py").write_text('raise ImportError("hidden by bench.throughput --no-hiredis")\n')
+    return {**env, "PYTHONPATH": os.pathsep.join([str(shim.parent), env.get("PYTHONPATH", "")])}
+
+
 async def taskloom(
-    bench: Bench, executors: int, goals: int, width: int, poll_delay: float, round_: int, traces: str | None = None
+    bench: Bench,
+    executors: int,
+    goals: int,
+    width: int,
+    poll_delay: float,
+    round_: int,
+    traces: str | None = None,
+    hiredis: bool = True,
 ) -> Result:
-    """`traces`: an OTLP endpoint to export spans to (tracing on), None for tracing off."""
+    """`traces`: an OTLP endpoint to export spans to (tracing on), None for tracing off. `hiredis`:
+    False runs the workers with redis-py's pure-Python parser."""
     with FakeAnthropicServer() as fake:
         fake.respond_with(Responder(delay=0.0))
         tracing = {"TASKLOOM_TRACING": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": traces} if traces else {}
         env = worker_env(bench, poll_delay=poll_delay, base_url=fake.base_url, **tracing)
+        if not hiredis:
+            env = without_hiredis(bench, env)
         procs: list[subprocess.Popen[bytes]] = []
         try:
             for role in ["planner", "critic"] + ["executor"] * executors:
@@ -159,15 +181,17 @@ async def raw_arq(bench: Bench, workers: int, jobs: int, poll_delay: float, roun
     return Result(workers, seconds, 0, 0, jobs, cpu, cmds)
 
 
-async def run(url: str, goals: int, width: int, executors: list[int], arq_jobs: int, poll_delay: float) -> str:
+async def run(
+    url: str, goals: int, width: int, executors: list[int], arq_jobs: int, poll_delay: float, hiredis: bool = True
+) -> str:
     async with bench_redis(url, "throughput") as bench:
         where = await machine(bench.redis, bench.where)
         rows = []
         for i, n in enumerate(executors):
-            ours = await taskloom(bench, n, goals, width, poll_delay, i)
+            ours = await taskloom(bench, n, goals, width, poll_delay, i, hiredis=hiredis)
             peer = await raw_arq(bench, n, arq_jobs, poll_delay, i)
             rows.append((ours, peer))
-    return report(where, goals, width, poll_delay, rows)
+    return report(where, goals, width, poll_delay, rows) + ("" if hiredis else "\n(taskloom workers without hiredis)")
 
 
 def _sum(results: list[Result]) -> Result:
@@ -259,6 +283,7 @@ def main() -> None:
     parser.add_argument("--poll-delay", type=float, default=0.05)
     parser.add_argument("--tracing", action="store_true", help="compare tracing off and on (instead of raw arq)")
     parser.add_argument("--rounds", type=int, default=1, help="with --tracing: off/on/on/off this many times")
+    parser.add_argument("--no-hiredis", action="store_true", help="run the taskloom workers without hiredis")
     args = parser.parse_args()
     started = datetime.now(UTC)
     t0 = time.perf_counter()
@@ -268,7 +293,17 @@ def main() -> None:
             run_tracing(args.redis_url, args.goals, args.width, executors, args.poll_delay, args.rounds)
         )
     else:
-        table = asyncio.run(run(args.redis_url, args.goals, args.width, executors, args.arq_jobs, args.poll_delay))
+        table = asyncio.run(
+            run(
+                args.redis_url,
+                args.goals,
+                args.width,
+                executors,
+                args.arq_jobs,
+                args.poll_delay,
+                hiredis=not args.no_hiredis,
+            )
+        )
     print(f"{started:%Y-%m-%d %H:%M} UTC, {time.perf_counter() - t0:.1f} s\n{table}")
 
 

@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import queue
 import re
 import threading
 import typing
@@ -82,14 +83,43 @@ class Tool:
         return await run_in_daemon_thread(self.fn, kwargs, name=f"tool-{self.name}")
 
 
+class _DaemonThreads:
+    """Daemon threads kept for the next sync tool call: starting a thread per call cost more than
+    most tools (a call of a stuck tool keeps its thread; the next call gets another)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1  # that idle thread takes this job (or an equivalent one) off the queue
+        self._jobs.put(job)
+        if spawn:
+            threading.Thread(target=self._work, name="taskloom-tool", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            self._jobs.get()()
+            with self._lock:
+                self._idle += 1
+
+
+_THREADS = _DaemonThreads()
+
+
 async def run_in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: str) -> Any:
-    """`fn(**kwargs)` in a new daemon thread, awaited without blocking the event loop.
+    """`fn(**kwargs)` in a daemon thread, awaited without blocking the event loop.
 
     Not `asyncio.to_thread`: its pool threads are joined when the loop closes and again at
     interpreter exit, so one sync tool stuck past its timeout kept a worker alive long after its
     shutdown grace. Python cannot kill a thread; a daemon thread is abandoned instead: the call's
     await ends at the tool's timeout (the model sees a timeout error), the thread runs on in the
-    background until the function returns, and the process exits without waiting for it.
+    background until the function returns, and the process exits without waiting for it. Threads
+    are reused between calls (`_DaemonThreads`); `name` is the thread's name while the call runs.
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
@@ -100,14 +130,18 @@ async def run_in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], n
             future.set_result(value) if ok else future.set_exception(value)
 
     def target() -> None:
+        thread = threading.current_thread()
+        thread.name = name
         try:
             ok, value = True, context.run(fn, **kwargs)
         except BaseException as exc:
             ok, value = False, exc
+        finally:
+            thread.name = "taskloom-tool"
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody awaits this any more
             loop.call_soon_threadsafe(settle, ok, value)
 
-    threading.Thread(target=target, name=name, daemon=True).start()
+    _THREADS.submit(target)
     return await future
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
 from executor import policy
 from executor.gateway import truncate
 from executor.registry import ToolLoadError, ToolRegistry, load_registry
-from executor.toolkit import ToolContext, ToolDefinitionError, Toolkit
+from executor.toolkit import ToolContext, ToolDefinitionError, Toolkit, run_in_daemon_thread
 from llm.pairing import check_tool_pairing
 from llm.types import Message, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from taskloom import Toolkit as PublicToolkit
@@ -182,3 +183,26 @@ def test_condensed_prefix_stays_stable_between_blocks() -> None:
     # The number of condensed turns only jumps by whole blocks (5 turns), never one turn at a time.
     assert prefixes == sorted(prefixes) and set(prefixes) <= {0, 5, 10}
     assert prefixes[-1] == 10 and 5 in prefixes
+
+
+async def test_sync_tools_reuse_daemon_threads_and_a_stuck_call_does_not_hold_up_the_next() -> None:
+    """Sequential sync calls run on kept daemon threads (not one new thread each); a call stuck in
+    its thread does not stop the next call, which gets another thread named after its tool."""
+    release = threading.Event()
+
+    def stuck() -> str:
+        release.wait(10)
+        return "late"
+
+    def where() -> threading.Thread:
+        return threading.current_thread()
+
+    late = asyncio.create_task(run_in_daemon_thread(stuck, {}, "tool-stuck"))
+    await asyncio.sleep(0.05)
+    before = threading.active_count()
+    seen = [await asyncio.wait_for(run_in_daemon_thread(where, {}, "tool-where"), 5) for _ in range(20)]
+    assert threading.active_count() - before <= 1  # at most one thread added for 20 calls
+    assert all(t.daemon for t in seen) and all(t is not threading.main_thread() for t in seen)
+    assert {t.name for t in seen} == {"taskloom-tool"}  # renamed back once the call returned
+    release.set()
+    assert await asyncio.wait_for(late, 5) == "late"
