@@ -379,7 +379,7 @@ local KINDS = {'input', 'output', 'cache_read', 'cache_write', 'cost'}
 local function int_of(v, key, field)
   if not v then return 0 end
   local n = tonumber(v)
-  if not n or n ~= math.floor(n) then error({err = 'ERR hash value is not an integer: ' .. key .. ' ' .. field}) end
+  if not n or n ~= math.floor(n) then error('hash value is not an integer: ' .. key .. ' ' .. field) end
   return n
 end
 

@@ -306,11 +306,13 @@ class _Memo(OrderedDict[Any, Any]):
             self.popitem(last=False)
 
 
-# The goal record `expire_if_late` just read, for the first `get_goal` of the same job (a context
-# variable: each arq job runs in its own task, so jobs never see each other's).
-_JUST_READ: contextvars.ContextVar[tuple[str, GoalRecord] | None] = contextvars.ContextVar(
+# The goal record the job wrapper's `expire_if_late(..., hand_over=True)` just read, for the next
+# `get_goal` of the same job, if it comes within HAND_OVER_S (a context variable: each arq job runs
+# in its own task, so jobs never see each other's).
+_JUST_READ: contextvars.ContextVar[tuple[str, GoalRecord, float] | None] = contextvars.ContextVar(
     "taskloom_goal_just_read", default=None
 )
+HAND_OVER_S = 0.5
 
 
 class Store:
@@ -365,9 +367,10 @@ class Store:
 
     async def get_goal(self, goal_id: str) -> GoalRecord:
         handed = _JUST_READ.get()
-        if handed is not None and handed[0] == goal_id:
+        if handed is not None:
             _JUST_READ.set(None)  # once: a later read in the same job goes to Redis again
-            return handed[1]
+            if handed[0] == goal_id and time.monotonic() - handed[2] < HAND_OVER_S:
+                return handed[1]
         try:
             raw = await self.redis.hgetall(self.keys.goal(goal_id))  # type: ignore[misc]
         except ResponseError as exc:  # WRONGTYPE: the key holds something other than a goal hash
@@ -432,11 +435,12 @@ class Store:
         )
         return self._outcome(out, f"goal {goal_id}", target.value)
 
-    async def expire_if_late(self, goal_id: str, now: datetime | None = None) -> bool:
+    async def expire_if_late(self, goal_id: str, now: datetime | None = None, *, hand_over: bool = False) -> bool:
         """Fail a goal whose own deadline (`Goal.deadline`) has passed. True if this call failed it.
 
         Every job checks this before its handler runs, so a late goal stops at its next hop; an
-        executor also stops an attempt at the deadline between steps.
+        executor also stops an attempt at the deadline between steps. `hand_over` (the job wrapper):
+        a goal record read here serves the next `get_goal` of the same task, if it comes at once.
         """
         if goal_id in self._deadlines:  # known without a read: a goal's deadline never changes
             known = self._deadlines[goal_id]
@@ -445,9 +449,10 @@ class Store:
         goal = await self.get_goal(goal_id)
         deadline = goal.goal.deadline
         if deadline is None or goal.terminal or (now or utcnow()) <= deadline:
-            # Every handler reads its goal first thing: it gets this record (read an instant ago,
-            # in the same job) instead of a second read.
-            _JUST_READ.set((goal_id, goal))
+            if hand_over:
+                # Every handler reads its goal first thing: it gets this record (read an instant
+                # ago, in the same job) instead of a second read.
+                _JUST_READ.set((goal_id, goal, time.monotonic()))
             return False
         try:
             return await self.transition_goal(

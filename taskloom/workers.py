@@ -149,7 +149,7 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
             holder = asyncio.create_task(hold_job(ctx, ctx["runtime"].limits.lease_ttl, ctx["runtime"].renewer()))
             try:
                 goal_id = getattr(payload, "goal_id", None)
-                if goal_id is not None and await ctx["runtime"].store.expire_if_late(goal_id):
+                if goal_id is not None and await ctx["runtime"].store.expire_if_late(goal_id, hand_over=True):
                     log.warning("goal.deadline_passed", function=name)  # the handler then finds it ended
                 await handler(ctx["runtime"], payload)
             except TenantBusy as busy:

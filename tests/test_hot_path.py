@@ -1,0 +1,96 @@
+"""The hot path's shortcuts keep their promises: one enqueue script writes what arq reads, a batch
+wakes each role once, reads skipped only where nothing can have changed, ledger books still refuse
+what HINCRBY refused."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from arq.connections import ArqRedis
+from arq.jobs import Job, JobStatus
+from redis.exceptions import ResponseError
+
+from bus.attempts import AttemptStore, StepRecord
+from bus.jobs import ExecuteJob, Jobs, PlanJob
+from bus.keys import Keys
+from bus.ledger import Ledger
+from bus.schemas import Goal, GoalRecord, GoalState, utcnow
+from bus.store import Store
+from llm.types import Message, TextBlock, Usage
+
+
+async def test_an_enqueued_job_is_what_arq_reads_with_its_driver_record(redis: ArqRedis, keys: Keys) -> None:
+    """The enqueue script writes arq's job key and queue entry (arq reads the function and the
+    payload back), the supervisor's driver record, and refuses the same job id a second time."""
+    jobs = Jobs(redis, keys)
+    job = ExecuteJob(goal_id="g" * 32, task_id="t1", attempt=1)
+    assert await jobs.enqueue(job)
+    assert not await jobs.enqueue(job)  # deterministic id: a duplicate is a no-op
+    arq_job = Job(jobs.job_id(job), redis, _queue_name=keys.queue("executor"))
+    assert await arq_job.status() is JobStatus.queued
+    info = await arq_job.info()
+    assert info is not None and info.function == "execute"
+    assert info.args == (job.model_dump(mode="json", exclude={"traceparent"}),)
+    drivers = await jobs.drivers("g" * 32)
+    assert drivers["task:t1"][0] == jobs.job_id(job) and drivers["task:t1"][2] is True
+
+
+async def test_a_batch_wakes_each_role_once_after_its_enqueues(redis: ArqRedis, keys: Keys) -> None:
+    jobs = Jobs(redis, keys)
+    async with jobs.batch():
+        for t in ("a", "b", "c"):
+            assert await jobs.enqueue(ExecuteJob(goal_id="h" * 32, task_id=t, attempt=1))
+        assert await redis.xlen(keys.wake("executor")) == 0  # nothing woken yet
+    assert await redis.xlen(keys.wake("executor")) == 1
+    assert await redis.zcard(keys.queue("executor")) == 3
+    assert await jobs.enqueue(PlanJob(goal_id="i" * 32))  # outside a batch: woken at once
+    assert await redis.xlen(keys.wake("planner")) == 1
+
+
+async def test_a_first_lease_holder_reads_no_steps_until_it_writes_one(redis: ArqRedis, keys: Keys) -> None:
+    """Epoch 1 means nothing was stored under a lease yet; after its own write the store reads again."""
+    store = AttemptStore(redis, keys, "g1", "t", 1)
+    assert await store.acquire("me", 5)
+    assert await store.steps() == [] and (await store.pending()).turn is None
+    turn = Message(role="assistant", content=[TextBlock(text="hi")])
+    step = StepRecord(index=0, assistant=turn, usage=Usage(), stop_reason="stop")
+    await store.append_step(step)
+    assert [s.index for s in await store.steps()] == [0]
+    await store.release()
+    again = AttemptStore(redis, keys, "g1", "t", 1)
+    assert await again.acquire("other", 5)  # epoch 3: it must read what the first holder stored
+    assert [s.index for s in await again.steps()] == [0]
+
+
+async def test_a_goal_read_is_handed_over_once_and_only_in_time(redis: ArqRedis, keys: Keys) -> None:
+    store = Store(redis, keys)
+    await store.create_goal(GoalRecord(id="g2", goal=Goal(text="x"), budget_tokens=10))
+    assert not await store.expire_if_late("g2", hand_over=True)
+    await store.transition_goal("g2", GoalState.PLANNING)
+    # The first read of the job is the wrapper's (an instant earlier); the next goes to Redis.
+    assert (await store.get_goal("g2")).state is GoalState.SUBMITTED
+    assert (await store.get_goal("g2")).state is GoalState.PLANNING
+    # Without hand_over, or too late, nothing is handed over.
+    assert not await store.expire_if_late("g2")
+    await store.transition_goal("g2", GoalState.RUNNING)
+    assert (await store.get_goal("g2")).state is GoalState.RUNNING
+
+
+async def test_a_remembered_deadline_still_fails_a_late_goal(redis: ArqRedis, keys: Keys) -> None:
+    store = Store(redis, keys)
+    soon = utcnow() + timedelta(seconds=30)
+    await store.create_goal(GoalRecord(id="g3", goal=Goal(text="x", deadline=soon), budget_tokens=10))
+    await store.get_goal("g3")  # remembered from here on: the next checks need no read
+    assert not await store.expire_if_late("g3")
+    assert await store.expire_if_late("g3", now=soon + timedelta(seconds=1))
+    assert (await store.get_goal("g3")).state is GoalState.FAILED
+
+
+async def test_a_book_field_that_is_no_integer_is_refused_as_hincrby_refused_it(redis: ArqRedis, keys: Keys) -> None:
+    ledger = Ledger(redis, keys)
+    await ledger.open("g4", 10_000)
+    r = await ledger.reserve("g4", 100, 100)
+    await redis.hset(keys.ledger("g4"), "spent_input", "lots")  # type: ignore[misc]
+    with pytest.raises(ResponseError, match="not an integer"):
+        await ledger.settle(r, Usage(input_tokens=10, output_tokens=5))
