@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 # Token usage is the model port's own type: one definition for the wire, the ledger and results.
-from llm.types import Usage
+from llm.types import ModelResponse, Usage
 
 from .stops import TaskStop
 from .tracing import current_trace_id
@@ -54,6 +54,52 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# How much model review a goal gets (docs/internals.md, "Review policies"): every task and the
+# final answer (the default); only the final answer; or none (machine checks and the critic's
+# deterministic checks still apply).
+ReviewPolicy = Literal["every_task", "final_only", "none"]
+REVIEW_POLICIES: tuple[str, ...] = ("every_task", "final_only", "none")
+
+
+class Check(_Model):
+    """A machine-checkable definition of done: when a task carries one, the critic decides from it
+    alone, without a model call. Every condition given must hold."""
+
+    tools_called: list[str] = Field(default_factory=list, description="tools the task must have called")
+    pattern: str | None = Field(default=None, max_length=1_000, description="a regex the answer must match")
+    json_schema: dict[str, Any] | None = Field(
+        default=None, description="the answer must be JSON valid against this JSON Schema"
+    )
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"pattern is not a valid regular expression: {exc}") from None
+        return v
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            import jsonschema
+
+            try:
+                jsonschema.validators.validator_for(v).check_schema(v)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"json_schema is not a valid JSON Schema: {exc.message}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _something(self) -> Check:
+        if not self.tools_called and self.pattern is None and self.json_schema is None:
+            raise ValueError("a check needs at least one of tools_called, pattern, json_schema")
+        return self
+
+
 # -- goals ------------------------------------------------------------------------------------
 
 
@@ -74,6 +120,12 @@ class Goal(_Model):
     allowed_tools: list[str] | None = Field(default=None, description="tool names allowed; unset = all loaded")
     metadata: dict[str, str] = Field(default_factory=dict, description="free-form labels, returned as given")
     deadline: datetime | None = Field(default=None, description="absolute time after which the goal fails")
+    review: ReviewPolicy = Field(
+        default="every_task", description="model review: every_task (default), final_only or none"
+    )
+    check: Check | None = Field(
+        default=None, description="a machine-checkable definition of done for the final answer"
+    )
 
     @field_validator("deadline")
     @classmethod
@@ -136,6 +188,9 @@ class TaskSpec(_Model):
     depends_on: list[TaskId] = Field(default_factory=list, description="ids of tasks that must finish first")
     definition_of_done: NonEmpty = Field(max_length=2_000, description="how the critic checks the result")
     tools: list[str] = Field(default_factory=list, description="names of the tools the task may use")
+    check: Check | None = Field(
+        default=None, description="optional machine check of the answer; when given, no model review"
+    )
 
 
 class Plan(_Model):
@@ -149,11 +204,21 @@ class Plan(_Model):
         return next((t for t in self.tasks if t.id == task_id), None)
 
 
+# How the planner's first call went (docs/internals.md, "Route first"): the model submitted a plan,
+# or called the goal's tools itself (the goal is one task whose first step that call was), or
+# answered in text (one task whose answer that text is).
+PlanRoute = Literal["plan", "tool", "text"]
+
+
 class StoredPlan(_Model):
     goal_id: GoalId
     version: int = Field(ge=1)
     plan: Plan
     reason: str = Field(default="", description="why this version was made (first plan, replan because ...)")
+    route: PlanRoute = "plan"
+    # For a routed plan: the planner's model turn, the first step of attempt 1 of its one task. Stored
+    # with the plan in one write, so a re-run planner never asks again and the executor continues it.
+    first_turn: ModelResponse | None = None
     created_at: datetime = Field(default_factory=utcnow)
 
 
@@ -219,6 +284,26 @@ class Verdict(_Model):
             raise ValueError("passed=true goes with action 'accept', and passed=false with 'retry' or 'replan'")
         if not self.passed and not self.feedback.strip():
             raise ValueError("feedback is required when the result does not pass")
+        return self
+
+
+class FinalVerdict(_Model):
+    """The input schema of `submit_final`: the goal's final answer and the critic's verdict on it,
+    written in one call (synthesis and goal review together)."""
+
+    answer: str = Field(max_length=50_000, description="the final answer to the goal")
+    passed: bool = Field(description="do the results support an answer that meets the definition of done")
+    feedback: str = Field(default="", max_length=5_000, description="what is missing, or why it passes")
+    action: Literal["accept", "replan"] = Field(description="accept the answer, or replan the goal")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FinalVerdict:
+        if self.passed != (self.action == "accept"):
+            raise ValueError("passed=true goes with action 'accept', and passed=false with 'replan'")
+        if not self.passed and not self.feedback.strip():
+            raise ValueError("feedback is required when the answer does not pass")
+        if self.passed and not self.answer.strip():
+            raise ValueError("answer is required when it passes")
         return self
 
 

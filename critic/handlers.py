@@ -1,4 +1,5 @@
-"""Critic job handlers: `review` (one task attempt) and `review_goal` (the final answer).
+"""Critic job handlers: `review` (one task attempt) and `review_goal` (the final answer and its
+verdict, written in one call, possibly while the last reviews still run).
 
 docs/internals.md is the contract. Both are safe to run twice: a re-delivered job whose verdict was
 already applied only re-enqueues the follow-up job (deterministic ids make that a no-op when it
@@ -10,14 +11,38 @@ from __future__ import annotations
 import structlog
 
 import bus.tracing as tracing
+from bus.attempts import AttemptStore
 from bus.jobs import AdvanceJob, ExecuteJob, ReplanJob, ReviewGoalJob, ReviewJob
 from bus.runtime import Runtime
-from bus.schemas import Event, GoalRecord, GoalState, TaskRecord, TaskResult, TaskSpec, TaskState, Verdict
+from bus.schemas import (
+    Event,
+    FinalVerdict,
+    GoalRecord,
+    GoalState,
+    StoredPlan,
+    TaskRecord,
+    TaskResult,
+    TaskSpec,
+    TaskState,
+    Verdict,
+)
 from bus.store import IllegalTransition, StaleWrite
+from bus.synthesis import Syntheses, accepted_key, speculation_key
+from llm.types import ToolUseBlock
 
-from .ask import ask_for_verdict, write_answer
-from .checks import Action, check_result, decide, missing_result, unusable_verdict
-from .prompts import ANSWER_SYSTEM, GOAL_REVIEW_SYSTEM, REVIEW_SYSTEM, answer_prompt, goal_review_prompt, review_prompt
+from .ask import ask_for_final, ask_for_verdict
+from .checks import (
+    Action,
+    accepted_unreviewed,
+    check_problems,
+    check_result,
+    decide,
+    machine_verdict,
+    missing_result,
+    needs_model_review,
+    unusable_verdict,
+)
+from .prompts import FINAL_SYSTEM, REVIEW_SYSTEM, final_prompt, review_prompt
 
 log = structlog.get_logger("taskloom.critic")
 
@@ -29,7 +54,9 @@ ANSWER_TOKENS_FACTOR = 2
 
 
 async def review(rt: Runtime, job: ReviewJob) -> None:
-    """Judge one attempt: deterministic checks, else the model's verdict; then accept, retry or replan."""
+    """Judge one attempt: deterministic and machine checks, else the model's verdict (as the goal's
+    review policy says); then accept, retry or replan. When this is the last result of the plan to
+    reach review, the final answer is started now, beside this review (`_speculate`)."""
     goal = await rt.store.get_goal(job.goal_id)
     if goal.terminal:
         log.info("review.skipped", state=goal.state.value)
@@ -42,12 +69,16 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
         # A replan is under way: it supersedes this attempt (only done tasks are kept).
         log.info("review.skipped", state=goal.state.value)
         return
-    spec = (await rt.store.get_plan(goal.id, goal.plan_version)).plan.task(task.task_id)
+    stored = await rt.store.get_plan(goal.id, goal.plan_version)
+    spec = stored.plan.task(task.task_id)
     if spec is None:
         log.info("review.skipped", reason="the task is not in the current plan")
         return
+    final = len(stored.plan.tasks) == 1
+    if not final:
+        await _speculate(rt, goal, stored)
     result = await rt.store.get_result(goal.id, task.task_id, task.attempt)
-    judged = await _judge(rt, goal, task, spec, result)
+    judged = await _judge(rt, goal, task, spec, result, final)
     if judged is None:
         return  # the budget ran out; the goal was stopped
     verdict, deterministic = judged
@@ -55,11 +86,33 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
     action = decide(verdict, task.attempt - task.first_attempt + 1, rt.limits)
     _trace_verdict(verdict, action, deterministic)
     if await _apply(rt, goal, task, verdict, action):
-        await _emit(rt, goal.id, task.task_id, verdict, action, attempt=task.attempt, deterministic=deterministic)
+        await _emit(
+            rt,
+            goal.id,
+            task.task_id,
+            verdict,
+            action,
+            attempt=task.attempt,
+            deterministic=deterministic,
+            review=goal.goal.review,
+        )
+    if action == "accept":
+        await conclude(rt, goal.id)
+
+
+async def _speculate(rt: Runtime, goal: GoalRecord, stored: StoredPlan) -> None:
+    """Every task of the plan has a result in review or accepted: start the final answer now, for
+    exactly these attempts (`bus.synthesis`). Each review job checks after its own task reached
+    review, so the last of them always sees them all; they enqueue one job (the id dedupes)."""
+    key = speculation_key(stored.plan, await rt.store.get_tasks(goal.id))
+    if key is not None and await rt.jobs.enqueue(
+        ReviewGoalJob(goal_id=goal.id, plan_version=stored.version, attempts=key)
+    ):
+        log.info("review.speculating", attempts=key)
 
 
 async def _judge(
-    rt: Runtime, goal: GoalRecord, task: TaskRecord, spec: TaskSpec, result: TaskResult | None
+    rt: Runtime, goal: GoalRecord, task: TaskRecord, spec: TaskSpec, result: TaskResult | None, final: bool
 ) -> tuple[Verdict, bool] | None:
     """(verdict, made without a model) or None when the budget refused the model call."""
     if result is None:
@@ -68,12 +121,20 @@ async def _judge(
     if early is not None:
         log.info("review.deterministic", stop_reason=result.stop_reason, feedback=early.feedback)
         return early, True
+    check = spec.check or (goal.goal.check if final else None)
+    if check is not None:
+        used = await _tools_used(rt, goal.id, task) if check.tools_called else None
+        verdict = machine_verdict(check, result.answer, used)
+        log.info("review.machine_check", passed=verdict.passed, feedback=verdict.feedback)
+        return verdict, True
+    if not needs_model_review(goal.goal.review, final):
+        return accepted_unreviewed(goal.goal.review), True
     outcome = await rt.within_budget(
         goal.id,
         ask_for_verdict(
             rt.model_for(goal.id),
             system=REVIEW_SYSTEM,
-            prompt=review_prompt(goal.goal, spec, result, task.feedback),
+            prompt=review_prompt(goal.goal, spec, result, task.feedback, final=final),
             max_tokens=rt.limits.model_max_tokens,
             metadata=_meta(goal.id, "review", task.task_id),
         ),
@@ -83,6 +144,12 @@ async def _judge(
     if outcome.value is None:
         return unusable_verdict("; ".join(outcome.problems)), False
     return outcome.value, False
+
+
+async def _tools_used(rt: Runtime, goal_id: str, task: TaskRecord) -> set[str]:
+    """The tools the attempt called, from its stored steps (the planner's routed turn included)."""
+    steps = await AttemptStore(rt.redis, rt.keys, goal_id, task.task_id, task.attempt).steps()
+    return {b.name for step in steps for b in step.assistant.content if isinstance(b, ToolUseBlock)}
 
 
 async def _apply(rt: Runtime, goal: GoalRecord, task: TaskRecord, verdict: Verdict, action: Action) -> bool:
@@ -134,6 +201,7 @@ async def _redrive(rt: Runtime, goal: GoalRecord, task: TaskRecord, job: ReviewJ
     try:
         if task.state is TaskState.DONE and task.attempt == job.attempt:
             await rt.jobs.enqueue(AdvanceJob(goal_id=goal.id, task_id=task.task_id, attempt=job.attempt))
+            await conclude(rt, goal.id)
         elif task.state is TaskState.RETRYING and task.attempt == job.attempt + 1:
             await rt.jobs.enqueue(ExecuteJob(goal_id=goal.id, task_id=task.task_id, attempt=task.attempt))
         elif task.state is TaskState.FAILED and task.attempt == job.attempt and goal.state is GoalState.RUNNING:
@@ -151,79 +219,127 @@ def _failed_reason(verdict: Verdict) -> str:
     return f"rejected by the critic: {verdict.feedback}"
 
 
-# -- review of the whole goal -----------------------------------------------------------------
+# -- the final answer: synthesis and goal review in one call ----------------------------------
 
 
 async def review_goal(rt: Runtime, job: ReviewGoalJob) -> None:
-    """Write the final answer from the accepted results, check it against the goal; succeed or replan."""
+    """Write the final answer and its verdict from one set of task attempts (`bus.synthesis`), then
+    conclude the goal if every task is accepted with exactly those attempts.
+
+    Started speculatively (goal still running, reviews under way) or once all is accepted (goal
+    reviewing): the same job id either way, so one model call. Skipped without a call when the
+    attempts are no longer current (a review rejected one): the speculation is dropped."""
     goal = await rt.store.get_goal(job.goal_id)
     if goal.terminal or goal.plan_version != job.plan_version:
         log.info("review_goal.skipped", state=goal.state.value, plan_version=goal.plan_version)
         return
     if goal.state is GoalState.REPLANNING:
-        # Failed by an earlier run that stopped before its enqueue; the job id dedupes.
+        # Failed by an earlier run that stopped before its enqueue, or a task failed meanwhile;
+        # the job id dedupes.
         await rt.jobs.enqueue(ReplanJob(goal_id=goal.id, plan_version=goal.plan_version, reason=_goal_reason(None)))
         return
-    if goal.state is not GoalState.REVIEWING:
+    if goal.state not in (GoalState.RUNNING, GoalState.REVIEWING):
         log.info("review_goal.skipped", state=goal.state.value)
         return
-    answer = await _final_answer(rt, goal)
-    if answer is None:
-        return
+    stored = await rt.store.get_plan(goal.id, goal.plan_version)
+    records = await rt.store.get_tasks(goal.id)
+    if len(stored.plan.tasks) > 1:
+        key = job.attempts or accepted_key(stored.plan, records)
+        if not key or speculation_key(stored.plan, records) != key:
+            log.info("review_goal.dropped", reason="the attempts it was for are no longer current", attempts=key)
+            return
+        syntheses = Syntheses(rt.redis, rt.keys)
+        if await syntheses.get(goal.id, stored.version, key) is None:
+            final = await _write_final(rt, goal, stored, records)
+            if final is None:
+                return  # the budget ran out; the goal was stopped
+            await syntheses.save(goal.id, stored.version, key, final)
+    await conclude(rt, goal.id)
+
+
+async def _write_final(
+    rt: Runtime, goal: GoalRecord, stored: StoredPlan, records: dict[str, TaskRecord]
+) -> FinalVerdict | None:
+    """One model call: the final answer and its verdict; then the goal's machine check, if any."""
+    results = await rt.store.latest_results(goal.id, [t.id for t in stored.plan.tasks], records)
+    accepted = [(spec, results[spec.id]) for spec in stored.plan.tasks]
     outcome = await rt.within_budget(
         goal.id,
-        ask_for_verdict(
+        ask_for_final(
             rt.model_for(goal.id),
-            system=GOAL_REVIEW_SYSTEM,
-            prompt=goal_review_prompt(goal.goal, answer),
-            max_tokens=rt.limits.model_max_tokens,
+            system=FINAL_SYSTEM,
+            prompt=final_prompt(goal.goal, accepted, rt.limits.dependency_result_limit),
+            max_tokens=rt.limits.model_max_tokens * ANSWER_TOKENS_FACTOR,
             metadata=_meta(goal.id, "review_goal"),
         ),
     )
     if outcome is None:
-        return
-    verdict = outcome.value or unusable_verdict("; ".join(outcome.problems))
-    await _conclude(rt, goal, answer, verdict)
-
-
-async def _final_answer(rt: Runtime, goal: GoalRecord) -> str | None:
-    stored = await rt.store.get_plan(goal.id, goal.plan_version)
-    results = await rt.store.latest_results(goal.id, [t.id for t in stored.plan.tasks])
-    accepted = [(spec, results[spec.id]) for spec in stored.plan.tasks]
-    response = await rt.within_budget(
-        goal.id,
-        write_answer(
-            rt.model_for(goal.id),
-            system=ANSWER_SYSTEM,
-            prompt=answer_prompt(goal.goal, accepted, rt.limits.dependency_result_limit),
-            max_tokens=rt.limits.model_max_tokens * ANSWER_TOKENS_FACTOR,
-            metadata=_meta(goal.id, "final_answer"),
-        ),
-    )
-    if response is None:
         return None
-    if response.stop_reason != "stop":
-        log.warning("review_goal.answer_incomplete", stop_reason=response.stop_reason)
-    return response.text.strip()
+    final = outcome.value
+    if final is None:
+        why = "; ".join(outcome.problems)
+        return FinalVerdict(answer="", passed=False, action="replan", feedback=f"no valid final answer ({why})")
+    if final.passed and goal.goal.check is not None:
+        problems = check_problems(goal.goal.check, final.answer, None)
+        if problems:
+            feedback = "Machine check of the final answer failed: " + "; ".join(problems) + "."
+            return final.model_copy(update={"passed": False, "action": "replan", "feedback": feedback})
+    if not final.passed and goal.goal.review == "none" and final.answer.strip():
+        # No model review: the verdict part is not acted on.
+        return final.model_copy(update={"passed": True, "action": "accept"})
+    return final
 
 
-async def _conclude(rt: Runtime, goal: GoalRecord, answer: str, verdict: Verdict) -> None:
+async def conclude(rt: Runtime, goal_id: str) -> None:
+    """End the goal if all is in: every task accepted and, for a wider plan, the final answer
+    written for exactly the accepted attempts. Succeeds with the answer, or asks for a new plan.
+
+    Safe to run any number of times, by anyone: the review that accepts the last task and the job
+    that stored the final answer both call it (whichever comes second sees both: each writes its
+    part before it reads the other's), and only one of them moves the goal."""
+    goal = await rt.store.get_goal(goal_id)
+    if goal.state not in (GoalState.RUNNING, GoalState.REVIEWING):
+        return
+    stored = await rt.store.get_plan(goal_id, goal.plan_version)
+    records = await rt.store.get_tasks(goal_id)
+    key = accepted_key(stored.plan, records)
+    if key is None:
+        return
+    single = len(stored.plan.tasks) == 1
+    if single:
+        spec = stored.plan.tasks[0]
+        result = await rt.store.get_result(goal_id, spec.id, records[spec.id].attempt)
+        if result is None:
+            return
+        final = FinalVerdict(answer=result.answer, passed=True, action="accept", feedback="the task's review")
+    else:
+        found = await Syntheses(rt.redis, rt.keys).get(goal_id, stored.version, key)
+        if found is None:
+            return
+        final = found
+    await _conclude(rt, goal, final, emit=not single)
+
+
+async def _conclude(rt: Runtime, goal: GoalRecord, final: FinalVerdict, *, emit: bool) -> None:
     # A goal cannot be "retried": any failing verdict means the plan must change.
-    action: Action = "accept" if verdict.passed else "replan"
+    action: Action = "accept" if final.passed else "replan"
+    verdict = Verdict(passed=final.passed, action=action, feedback=final.feedback or "accepted")
     _trace_verdict(verdict, action, False)
     try:
-        if verdict.passed:
-            moved = await rt.store.transition_goal(goal.id, GoalState.SUCCEEDED, answer=answer)
+        if goal.state is GoalState.RUNNING and final.passed:
+            await rt.store.transition_goal(goal.id, GoalState.REVIEWING)
+        if final.passed:
+            moved = await rt.store.transition_goal(goal.id, GoalState.SUCCEEDED, answer=final.answer)
         else:
-            moved = await rt.store.transition_goal(goal.id, GoalState.REPLANNING, data={"feedback": verdict.feedback})
-            reason = _goal_reason(verdict.feedback)
+            moved = await rt.store.transition_goal(goal.id, GoalState.REPLANNING, data={"feedback": final.feedback})
+            reason = _goal_reason(final.feedback)
             await rt.jobs.enqueue(ReplanJob(goal_id=goal.id, plan_version=goal.plan_version, reason=reason))
     except IllegalTransition as exc:
-        log.info("review_goal.stale", error=str(exc))  # cancelled (or stopped) while reviewing
+        log.info("review_goal.stale", error=str(exc))  # cancelled, stopped or concluded meanwhile
         return
     log.info("review_goal.applied", action=action, moved=moved)
-    if moved:
-        await _emit(rt, goal.id, None, verdict, action, plan_version=goal.plan_version)
+    if moved and emit:
+        await _emit(rt, goal.id, None, verdict, action, plan_version=goal.plan_version, review=goal.goal.review)
 
 
 def _trace_verdict(verdict: Verdict, action: Action, deterministic: bool) -> None:
@@ -244,7 +360,7 @@ def _goal_reason(feedback: str | None) -> str:
 
 
 async def _emit(
-    rt: Runtime, goal_id: str, task_id: str | None, verdict: Verdict, action: Action, **extra: int | bool
+    rt: Runtime, goal_id: str, task_id: str | None, verdict: Verdict, action: Action, **extra: int | bool | str
 ) -> None:
     data = {"passed": verdict.passed, "action": action, "feedback": verdict.feedback, **extra}
     await rt.events.emit(Event(type="critic.verdict", goal_id=goal_id, task_id=task_id, data=data))
@@ -254,4 +370,4 @@ def _meta(goal_id: str, purpose: str, task_id: str | None = None) -> dict[str, s
     return {"goal_id": goal_id, "role": "critic", "purpose": purpose, **({"task_id": task_id} if task_id else {})}
 
 
-__all__ = ["review", "review_goal"]
+__all__ = ["conclude", "review", "review_goal"]
