@@ -8,6 +8,8 @@ was enqueued). A goal that has ended gets no model call.
 
 from __future__ import annotations
 
+import asyncio
+
 import structlog
 
 import bus.tracing as tracing
@@ -75,10 +77,14 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
         log.info("review.skipped", reason="the task is not in the current plan")
         return
     final = len(stored.plan.tasks) == 1
-    if not final:
-        await _speculate(rt, goal, stored)
-    result = await rt.store.get_result(goal.id, task.task_id, task.attempt)
-    judged = await _judge(rt, goal, task, spec, result, final)
+    # Beside this review, not before it: neither waits for the other's round trips.
+    speculation = None if final else asyncio.create_task(_speculate(rt, goal, stored))
+    try:
+        result = await rt.store.get_result(goal.id, task.task_id, task.attempt)
+        judged = await _judge(rt, goal, task, spec, result, final)
+    finally:
+        if speculation is not None:
+            await speculation
     if judged is None:
         return  # the budget ran out; the goal was stopped
     verdict, deterministic = judged

@@ -7,7 +7,9 @@ id, moving a record to the state it is already in). A goal that has ended gets n
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 
@@ -265,14 +267,17 @@ async def _dispatch_and_review(rt: Runtime, goal_id: str, stored: StoredPlan) ->
     """Dispatch every ready task; when every task of the plan is done, hand the goal to review."""
     records = await rt.store.get_tasks(goal_id)
     states = {tid: rec.state for tid, rec in records.items()}
-    for tid in ready_tasks(stored.plan, states):
-        if tid in records:
-            await _dispatch(rt, records[tid])
+    # Every ready task at once: each dispatch is independent (its own atomic claim and job id), and
+    # the last one dispatched is on the goal's critical path, so none waits for the others' round trips.
+    dispatches: list[Coroutine[Any, Any, Any]] = [
+        _dispatch(rt, records[tid]) for tid in ready_tasks(stored.plan, states) if tid in records
+    ]
     for spec in stored.plan.tasks:
         rec = records.get(spec.id)
         if rec is not None and rec.state is TaskState.READY:
             # Claimed by a run that stopped before its enqueue; the deterministic job id dedupes.
-            await rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=rec.task_id, attempt=rec.attempt))
+            dispatches.append(rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=rec.task_id, attempt=rec.attempt)))
+    await _all(dispatches)
     if all_done(stored.plan, states) and await _move_goal(rt, goal_id, GoalState.REVIEWING):
         await _enqueue_final(rt, goal_id, stored, records)
         log.info("plan.all_done", version=stored.version)
@@ -314,6 +319,15 @@ async def _dispatch(rt: Runtime, rec: TaskRecord) -> None:
 
 
 # -- small I/O helpers ------------------------------------------------------------------------
+
+
+async def _all(steps: list[Coroutine[Any, Any, Any]]) -> None:
+    """Run independent steps concurrently; every one runs to its end before the first error is
+    raised (a failed enqueue is re-done by the job's re-run, as when they ran one by one)."""
+    outcomes = await asyncio.gather(*steps, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def _accepted_results(
