@@ -387,7 +387,8 @@ def task_sources(target: TaskState) -> frozenset[TaskState]:
 
 
 def json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The JSON Schema of a model as a tool `input_schema` (no titles: they only cost tokens)."""
+    """The JSON Schema of a model as a tool `input_schema` (no titles and no model docstrings: they
+    only cost tokens)."""
 
     def strip(node: Any, names: bool = False) -> Any:
         # Under "properties" the keys are field names (TaskSpec has a field called "title").
@@ -402,4 +403,9 @@ def json_schema(model: type[BaseModel]) -> dict[str, Any]:
         return node
 
     schema: dict[str, Any] = strip(model.model_json_schema())
+    # A model's docstring (its schema's description) is written for whoever reads the code; the
+    # fields' own descriptions are what the model needs, and every token of a tool is paid per call.
+    schema.pop("description", None)
+    for definition in schema.get("$defs", {}).values():
+        definition.pop("description", None)
     return schema

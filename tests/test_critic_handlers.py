@@ -25,7 +25,7 @@ from llm import DemoModel
 from llm.anthropic import AnthropicModel
 from llm.demo import DEADLINE_DOD, FEEDBACK
 from llm.port import ModelPort
-from llm.testing import FakeAnthropicServer, Reply, text_reply, tool_reply
+from llm.testing import FakeAnthropicServer, Reply, tool_reply
 
 
 @pytest.fixture
@@ -40,6 +40,11 @@ def runtime(redis: ArqRedis, keys: Keys, model: ModelPort, **limits: Any) -> Run
 
 def sdk(server: FakeAnthropicServer) -> AnthropicModel:
     return AnthropicModel("claude-test", api_key="sk-ant-test", base_url=server.base_url, max_retries=0)
+
+
+def final(answer: str, passed: bool, action: str, feedback: str = "") -> Reply:
+    body = {"answer": answer, "passed": passed, "action": action, "feedback": feedback}
+    return tool_reply([("submit_final", body)])
 
 
 def verdict(passed: bool, action: str, feedback: str = "") -> Reply:
@@ -138,6 +143,7 @@ async def test_rejection_retries_with_the_feedback(redis: ArqRedis, keys: Keys) 
         "action": "retry",
         "feedback": FEEDBACK,
         "attempt": 1,
+        "review": "every_task",
         "deterministic": False,
     }
     # A re-delivered review of attempt 1 only re-enqueues attempt 2: no second verdict.
@@ -247,16 +253,15 @@ async def test_ended_goal_gets_no_model_call(redis: ArqRedis, keys: Keys, fake: 
 async def test_goal_review_pass_succeeds_with_the_answer(
     redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
 ) -> None:
-    """The final answer is written from the accepted results, checked against the goal's DoD, and stored."""
+    """The final answer is written from the accepted results and judged against the goal's DoD in one
+    forced call, and stored."""
     rt = runtime(redis, keys, sdk(fake))
     await reviewing_goal(rt)
-    fake.enqueue(text_reply("FINAL: the answer is 42"), verdict(True, "accept", "meets it"))
+    fake.enqueue(final("FINAL: the answer is 42", True, "accept", "meets it"))
     await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
-    write, check = fake.message_requests
-    assert all(s in json.dumps(write.body) for s in ("GOAL-TEXT", "RESULT-A: 40", "RESULT-B: 42"))
-    assert "tool_choice" not in write.body or write.body["tool_choice"] is None
-    assert all(s in json.dumps(check.body) for s in ("GOAL-DOD", "FINAL: the answer is 42"))
-    assert check.body["tool_choice"] == {"type": "tool", "name": "submit_verdict"}
+    [call] = fake.message_requests
+    assert all(s in json.dumps(call.body) for s in ("GOAL-TEXT", "GOAL-DOD", "RESULT-A: 40", "RESULT-B: 42"))
+    assert call.body["tool_choice"] == {"type": "tool", "name": "submit_final"}
     goal = await rt.store.get_goal("g1")
     assert goal.state is GoalState.SUCCEEDED and goal.answer == "FINAL: the answer is 42"
     [event] = await verdicts(rt)
@@ -267,7 +272,7 @@ async def test_goal_review_fail_replans(redis: ArqRedis, keys: Keys, fake: FakeA
     """A final answer that misses the goal's DoD sends the goal to replanning with the feedback."""
     rt = runtime(redis, keys, sdk(fake))
     await reviewing_goal(rt)
-    fake.enqueue(text_reply("FINAL: maybe"), verdict(False, "replan", "no number given"))
+    fake.enqueue(final("FINAL: maybe", False, "replan", "no number given"))
     await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
     goal = await rt.store.get_goal("g1")
     assert goal.state is GoalState.REPLANNING and goal.answer is None
@@ -276,7 +281,7 @@ async def test_goal_review_fail_replans(redis: ArqRedis, keys: Keys, fake: FakeA
     assert event.data["passed"] is False and event.data["feedback"] == "no number given"
     # Re-delivered: nothing new is asked of the model.
     await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
-    assert len(fake.message_requests) == 2
+    assert len(fake.message_requests) == 1
 
 
 async def test_goal_review_with_the_demo_model(redis: ArqRedis, keys: Keys) -> None:

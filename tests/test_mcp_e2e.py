@@ -28,6 +28,7 @@ from test_e2e import (
 from bus.client import Client
 from bus.keys import Keys
 from bus.schemas import GoalState, TaskState
+from critic.prompts import FINAL_TOOL
 from llm.testing import (
     Failure,
     FakeAnthropicServer,
@@ -65,10 +66,10 @@ class Desk:
         role = role_of(req)
         if role == "planner":
             return tool_reply([(PLAN_TOOL, PLAN)])
-        if role in ("review", "goal_review"):
+        if role == "review":
             return tool_reply([("submit_verdict", ACCEPT)])
-        if role == "answer":
-            return text_reply("Refund of A100 issued.")
+        if role == "goal_review":
+            return tool_reply([(FINAL_TOOL, {**ACCEPT, "answer": "Refund of A100 issued."})])
         if role == "executor" and task_of(req) == "look":
             turns = [
                 [

@@ -22,6 +22,7 @@ from bus.ledger import Ledger
 from bus.metered import ModelFactory
 from bus.runtime import Limits, Runtime
 from bus.schemas import Goal, GoalRecord, GoalState, Plan, TaskResult, TaskState
+from bus.synthesis import accepted_key
 from llm import DemoModel
 from llm.anthropic import AnthropicModel
 from llm.port import ModelPort
@@ -134,8 +135,9 @@ async def test_plan_prompt_lists_the_allowed_tools(redis: ArqRedis, keys: Keys, 
     [request] = fake.message_requests
     text = json.dumps(request.body["messages"])
     assert "A100" in text and "one line per order" in text
-    assert "lookup_order: Look up an order" in text and "refund_policy" not in text
-    assert request.body["tool_choice"] == {"type": "tool", "name": "submit_plan"}
+    # Route first: the allowed tools are offered as definitions beside submit_plan, the model chooses.
+    assert [t["name"] for t in request.body["tools"]] == ["lookup_order", "submit_plan"]
+    assert request.body.get("tool_choice") in (None, {"type": "auto"})
     assert (await rt.store.get_goal("g1")).state is GoalState.RUNNING
 
 
@@ -148,9 +150,9 @@ async def test_a_large_catalog_is_narrowed_by_the_goals_words_but_any_tool_may_b
     fake.enqueue(plan_reply(task("a", tools=("lookup_order", "refund_policy"))))
     await plan(rt, PlanJob(goal_id="g1"))
     [request] = fake.message_requests
-    text = json.dumps(request.body["messages"])
-    assert "check_refund_eligibility:" in text and "refund_policy:" in text
-    assert "lookup_order:" not in text  # ranked below the two refund tools for this goal
+    offered = {t["name"] for t in request.body["tools"]}
+    # lookup_order ranks below the two refund tools for this goal.
+    assert offered == {"check_refund_eligibility", "refund_policy", "submit_plan"}
     assert (await rt.store.get_goal("g1")).state is GoalState.RUNNING  # lookup_order was accepted
 async def test_a_goal_allowing_an_unknown_tool_fails_without_a_model_call(
     redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
@@ -279,7 +281,9 @@ async def test_dependent_task_waits_for_all_its_dependencies(redis: ArqRedis, ke
     await accept(rt, "g1", "d")
     await advance(rt, AdvanceJob(goal_id="g1", task_id="d", attempt=1))
     assert (await rt.store.get_goal("g1")).state is GoalState.REVIEWING
-    assert await queued(rt, "critic") == ids(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
+    key = accepted_key((await rt.store.get_plan("g1")).plan, await rt.store.get_tasks("g1"))
+    assert key is not None
+    assert await queued(rt, "critic") == ids(rt, ReviewGoalJob(goal_id="g1", plan_version=1, attempts=key))
 
 
 async def test_concurrent_advances_dispatch_the_dependent_task_once(
@@ -362,7 +366,8 @@ async def test_replan_of_only_accepted_work_goes_straight_to_review(
     fake.enqueue(plan_reply(task("a")))
     await replan(rt, ReplanJob(goal_id="g1", plan_version=1))
     assert (await rt.store.get_goal("g1")).state is GoalState.REVIEWING
-    assert await queued(rt, "critic") == ids(rt, ReviewGoalJob(goal_id="g1", plan_version=2))
+    key = accepted_key((await rt.store.get_plan("g1")).plan, await rt.store.get_tasks("g1"))
+    assert await queued(rt, "critic") == ids(rt, ReviewGoalJob(goal_id="g1", plan_version=2, attempts=key or ""))
     assert await queued(rt, "executor") == set()
 
 
