@@ -109,7 +109,9 @@ class Client:
             )
             # The books first (idempotent), so that no goal ever exists without its budget.
             await self.ledger.open(gid, record.budget_tokens, budget_usd=goal.budget_usd, tenant=goal.tenant)
-            created = await self.store.create_goal(record, {"text": goal.text[:200]})
+            created = await self.store.create_goal(
+                record, {"text": goal.text[:200], "review": goal.review, "check": goal.check is not None}
+            )
             parent = None
             if not created:
                 existing = await self.store.get_goal(gid)

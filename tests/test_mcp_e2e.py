@@ -14,7 +14,6 @@ from arq.connections import ArqRedis
 from helpers import demo_mcp_http, eventually, mcp_log
 from test_e2e import (
     ACCEPT,
-    _first_user,
     _spawn,
     _tool_results,
     fleet,
@@ -136,9 +135,10 @@ async def test_a_goal_on_mcp_tools_only_with_approval_audit_and_crash_safety(
 
     assert goal.state is GoalState.SUCCEEDED, goal
     assert not model.unrouted
-    # The planner was offered the MCP tools, by their namespaced names.
+    # The planner was offered the MCP tools (route first: as definitions), by their provider-side names.
     [plan_request] = requests_of(fake, "planner")
-    assert "- desk.lookup_order:" in _first_user(plan_request) and "- pay.issue_refund:" in _first_user(plan_request)
+    offered = {t["name"] for t in plan_request.body["tools"]}
+    assert {"desk_lookup_order", "pay_issue_refund"} <= offered
 
     # From the HTTP server's own log: the refund started once, for one idempotency key.
     refunds = [line for line in mcp_log(pay_log) if line["tool"] == "issue_refund"]
