@@ -37,7 +37,7 @@ def use(name: str, **args: Any) -> ToolUseBlock:
         (reply(TextBlock(text="  "), stop="stop"), "unclear"),
         (reply(TextBlock(text="Par"), stop="length"), "unclear"),
         (reply(use("fetch", item="x"), stop="length"), "unclear"),
-        (reply(TextBlock(text="I can't help with that."), stop="refusal"), "unclear"),
+        (reply(TextBlock(text="I can't help with that."), stop="content_filter"), "unclear"),
     ],
     ids=["plan", "plan-beside-tools", "tool", "tools", "text", "blank", "text-cut", "tool-cut", "refusal"],
 )
