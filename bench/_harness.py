@@ -167,17 +167,23 @@ SHAPE = re.compile(r"bench-shape width=(\d+) chain=(\d+) steps=(\d+)")
 BASELINE_SYSTEM = "You are a single ReAct agent (bench baseline)."
 
 
-def goal_text(width: int, chain: int, steps: int) -> str:
+CHECKED = "Make each result machine-checkable."
+# What a model asked for machine-checkable results writes in each task's `check`: the record was
+# fetched, and the answer says it was reported (the bench executor's answer does).
+TASK_CHECK = {"tools_called": ["fetch"], "pattern": r"^Record \S+ reported"}
+
+
+def goal_text(width: int, chain: int, steps: int, checked: bool = False) -> str:
     """A goal whose plan is `width` independent chains of `chain` tasks, each a loop of `steps` tool
-    calls and an answer."""
-    return f"Benchmark goal: bench-shape width={width} chain={chain} steps={steps}"
+    calls and an answer; `checked`: it asks for machine-checkable results."""
+    return f"Benchmark goal: bench-shape width={width} chain={chain} steps={steps}" + (f" {CHECKED}" if checked else "")
 
 
 def task_id(i: int, j: int) -> str:
     return f"c{i}-t{j}"
 
 
-def plan_for(width: int, chain: int, steps: int) -> dict[str, Any]:
+def plan_for(width: int, chain: int, steps: int, checked: bool = False) -> dict[str, Any]:
     tasks = [
         {
             "id": task_id(i, j),
@@ -186,6 +192,7 @@ def plan_for(width: int, chain: int, steps: int) -> dict[str, Any]:
             "depends_on": [task_id(i, j - 1)] if j else [],
             "definition_of_done": f"record {i}-{j} is reported",
             "tools": ["fetch"] if steps else [],
+            **({"check": TASK_CHECK} if checked and steps else {}),
         }
         for i in range(width)
         for j in range(chain)
@@ -251,7 +258,7 @@ class Responder:
             if width * chain == 1 and steps and not forced:
                 # One task: a model offered the goal's tools beside submit_plan starts it itself.
                 return tool_reply([("fetch", {"item": f"{task_id(0, 0)}-0"})], delay=d)
-            return tool_reply([(PLAN_TOOL, plan_for(width, chain, steps))], delay=d)
+            return tool_reply([(PLAN_TOOL, plan_for(width, chain, steps, CHECKED in first))], delay=d)
         if role == "review":
             return tool_reply([("submit_verdict", ACCEPT)], delay=d)
         if role == "goal_review":

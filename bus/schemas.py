@@ -65,11 +65,9 @@ class Check(_Model):
     """A machine-checkable definition of done: when a task carries one, the critic decides from it
     alone, without a model call. Every condition given must hold."""
 
-    tools_called: list[str] = Field(default_factory=list, description="tools the task must have called")
-    pattern: str | None = Field(default=None, max_length=1_000, description="a regex the answer must match")
-    json_schema: dict[str, Any] | None = Field(
-        default=None, description="the answer must be JSON valid against this JSON Schema"
-    )
+    tools_called: list[str] = Field(default_factory=list, description="tools it must call")
+    pattern: str | None = Field(default=None, max_length=1_000, description="regex the answer matches")
+    json_schema: dict[str, Any] | None = Field(default=None, description="JSON Schema the answer meets")
 
     @field_validator("pattern")
     @classmethod
@@ -188,9 +186,7 @@ class TaskSpec(_Model):
     depends_on: list[TaskId] = Field(default_factory=list, description="ids of tasks that must finish first")
     definition_of_done: NonEmpty = Field(max_length=2_000, description="how the critic checks the result")
     tools: list[str] = Field(default_factory=list, description="names of the tools the task may use")
-    check: Check | None = Field(
-        default=None, description="optional machine check of the answer; when given, no model review"
-    )
+    check: Check | None = Field(default=None, description="machine check of the answer, instead of a review")
 
 
 class Plan(_Model):
@@ -272,11 +268,9 @@ class TaskResult(_Model):
 class Verdict(_Model):
     """The input schema of `submit_verdict`: the critic's judgement of one result."""
 
-    passed: bool = Field(description="does the result meet the definition of done")
-    feedback: str = Field(default="", max_length=5_000, description="what is wrong, or why it passes")
-    action: Literal["accept", "retry", "replan"] = Field(
-        description="accept the result, retry the task with the feedback, or replan the goal"
-    )
+    passed: bool = Field(description="meets the definition of done (action accept)")
+    feedback: str = Field(default="", max_length=5_000, description="what is missing or wrong")
+    action: Literal["accept", "retry", "replan"]
 
     @model_validator(mode="after")
     def _consistent(self) -> Verdict:
@@ -291,10 +285,10 @@ class FinalVerdict(_Model):
     """The input schema of `submit_final`: the goal's final answer and the critic's verdict on it,
     written in one call (synthesis and goal review together)."""
 
-    answer: str = Field(max_length=50_000, description="the final answer to the goal")
-    passed: bool = Field(description="do the results support an answer that meets the definition of done")
-    feedback: str = Field(default="", max_length=5_000, description="what is missing, or why it passes")
-    action: Literal["accept", "replan"] = Field(description="accept the answer, or replan the goal")
+    answer: str = Field(max_length=50_000)
+    passed: bool = Field(description="meets the definition of done (action accept)")
+    feedback: str = Field(default="", max_length=5_000, description="what is missing")
+    action: Literal["accept", "replan"]
 
     @model_validator(mode="after")
     def _consistent(self) -> FinalVerdict:

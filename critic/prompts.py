@@ -15,11 +15,7 @@ VERDICT_TOOL = "submit_verdict"
 
 VERDICT_TOOL_DEF = ToolDef(
     name=VERDICT_TOOL,
-    description=(
-        "Submit the verdict: passed=true with action 'accept' when the answer meets the definition of "
-        "done; otherwise passed=false, feedback saying exactly what is missing or wrong, and action "
-        "'retry' (the same task can fix it) or 'replan' (the task as planned cannot succeed)."
-    ),
+    description="Your verdict on the answer.",
     input_schema=json_schema(Verdict),
 )
 
@@ -27,23 +23,17 @@ FINAL_TOOL = "submit_final"
 
 FINAL_TOOL_DEF = ToolDef(
     name=FINAL_TOOL,
-    description=(
-        "Submit the goal's final answer and your verdict on it: passed=true with action 'accept' when "
-        "it meets the goal's definition of done; otherwise passed=false, feedback saying what is "
-        "missing, and action 'replan'."
-    ),
+    description="The goal's final answer and your verdict on it.",
     input_schema=json_schema(FinalVerdict),
 )
 
-REVIEW_SYSTEM = """You are the reviewer of a team of AI workers. You check one task's answer against \
-its definition of done and call the submit_verdict tool exactly once.
-- Accept when the answer meets the definition of done; do not ask for more than it requires.
-- Otherwise give feedback the worker can act on, and choose 'retry' when another attempt at the same \
-task can fix it, 'replan' when the task itself is wrong or impossible."""
+REVIEW_SYSTEM = """You review one task's answer against its definition of done; call submit_verdict once. \
+Accept when the answer meets it (ask for no more). Otherwise give feedback the worker can act on: \
+'retry' when another attempt can fix it, 'replan' when the task itself is wrong or impossible."""
 
-FINAL_SYSTEM = """You write the final answer to a goal from the accepted results of the tasks that \
-worked on it, using only what the results establish, and judge it against the goal's definition of \
-done. Call the submit_final tool exactly once."""
+FINAL_SYSTEM = """You write the final answer to a goal from its tasks' accepted results, using only what \
+they establish, and judge it against the goal's definition of done ('replan', with feedback, when it \
+falls short). Call submit_final once."""
 
 DEFAULT_GOAL_DOD = "The answer fully and correctly answers the goal."
 
@@ -54,7 +44,7 @@ def review_prompt(
     """A task review; `final`: the task is the goal's only one, so its answer is the final answer and
     this review is also the goal review (its definition of done is the goal's)."""
     parts = [
-        f"Goal of the whole team:\n{goal.text}",
+        f"Goal:\n{goal.text}",
         f"Task '{spec.id}': {spec.title}\nInstructions:\n{spec.instructions}",
         f"Definition of done:\n{spec.definition_of_done}",
     ]
@@ -63,7 +53,6 @@ def review_prompt(
     if earlier_feedback:
         parts.append(f"Feedback given on the previous attempt:\n{earlier_feedback}")
     parts.append(f"Answer (attempt {result.attempt}):\n{result.answer}")
-    parts.append("Judge the answer against the definition of done and call submit_verdict.")
     return "\n\n".join(parts)
 
 
@@ -82,7 +71,7 @@ def final_prompt(goal: Goal, results: Sequence[tuple[TaskSpec, TaskResult | None
             f"Goal:\n{goal.text}",
             f"Definition of done:\n{goal.definition_of_done.strip() or DEFAULT_GOAL_DOD}",
             "Accepted results:\n\n" + "\n\n".join(blocks),
-            "Write the final answer to the goal, judge it, and call submit_final.",
+            "Write the final answer to the goal.",
         ]
     )
 

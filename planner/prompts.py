@@ -13,23 +13,16 @@ from bus.schemas import Goal, Plan, TaskRecord, TaskResult, TaskSpec, TaskState
 from llm.types import ToolDef
 
 PLAN_TOOL = "submit_plan"
-PLAN_TOOL_DESCRIPTION = (
-    "Submit the plan: a DAG of tasks. Each task has a short unique id, a title, instructions for the "
-    "worker that runs it, the ids it depends on, a definition of done the reviewer checks, and the "
-    "names of the tools it may use."
-)
+PLAN_TOOL_DESCRIPTION = "Submit the plan: a DAG of tasks."
 
-SYSTEM = """You are the planner of a team of AI workers.
-
-If one worker can do the goal alone, one step after another, start it yourself: call the goal's \
-tools now (that worker continues from your call), or, when no tool is needed, answer in text.
-
-Otherwise call submit_plan once with a small DAG of tasks:
-- Tasks run in parallel unless one needs another's result (depends_on lists those ids; no cycles).
-- A task's instructions say everything its worker needs: it sees only them and its dependencies' results.
-- A task's definition of done is a concrete, checkable statement of what its result must contain.
-- Use only the tools you are given, by exact name; a task that needs none lists none.
-- Use as few tasks as the goal needs. The team writes the final answer from the results."""
+SYSTEM = """You are the planner of a team of AI workers. If one worker can do the goal alone, step \
+by step, start it: call the goal's tools now (that worker continues from your call), or answer in \
+text when no tool is needed. Otherwise call submit_plan once with a small DAG of tasks:
+- tasks run in parallel unless one needs another's result (depends_on; no cycles);
+- instructions say all a worker needs: it sees only them and its dependencies' results;
+- a definition of done is a concrete, checkable statement of what the result must contain;
+- only the tools you are given, by exact name;
+- as few tasks as the goal needs; the team writes the final answer from their results."""
 
 MAX_DESCRIPTION = 200  # characters of a tool description shown in the prompt
 
