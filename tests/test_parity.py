@@ -46,7 +46,7 @@ from taskloom.testing import (
 )
 
 FEEDBACK = "STATE-THE-DEADLINE"
-BUDGET = 5_500  # the planner's first call offers every tool of the catalog (route first)
+BUDGET = 5_000
 
 
 class Runner:

@@ -5,6 +5,13 @@ It is a `ModelPort` like the production models, so its calls go through the goal
 (`llm.testing`) counts it, so a scripted run spends the same tokens in-process and against real
 workers.
 
+The roles are the calls taskloom makes: `planner` (its first call offers the goal's tools beside
+`submit_plan`, so a script may reply with a plan, a call of the goal's tools, which makes the goal
+one task starting with that call, or text, the goal's answer), `executor`, `review` (a task), and
+`goal_review` (a goal of several tasks: the final answer and its verdict in one `submit_final` call;
+the `answer` script writes the answer part when `goal_review` gives a verdict). A goal of one task
+makes no final-answer call.
+
 Who is asking is read from the request's `metadata` (the labels every role sets and no provider
 sees); a request without them (one that came over HTTP, see `taskloom.testing.parity`) is told apart
 by its system prompt, and its task by the prompt's first line about it.
