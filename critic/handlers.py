@@ -9,6 +9,7 @@ was enqueued). A goal that has ended gets no model call.
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 import structlog
 
@@ -91,7 +92,7 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
     # Attempts of earlier plan versions do not use up this version's retries.
     action = decide(verdict, task.attempt - task.first_attempt + 1, rt.limits)
     _trace_verdict(verdict, action, deterministic)
-    if await _apply(rt, goal, task, verdict, action):
+    if await _apply(rt, goal, task, verdict, action, stored):
         await _emit(
             rt,
             goal.id,
@@ -102,8 +103,11 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
             deterministic=deterministic,
             review=goal.goal.review,
         )
-    if action == "accept":
-        await conclude(rt, goal.id)
+    if action == "accept" and await conclude(rt, goal.id, stored) == "final_missing":
+        # Every task is accepted but no final answer was written for these attempts (its speculation
+        # was dropped, or the plan has no other review to start it): the planner hands the goal to
+        # its final review.
+        await rt.jobs.enqueue(AdvanceJob(goal_id=goal.id, task_id=task.task_id, attempt=task.attempt))
 
 
 async def _speculate(rt: Runtime, goal: GoalRecord, stored: StoredPlan) -> None:
@@ -158,7 +162,9 @@ async def _tools_used(rt: Runtime, goal_id: str, task: TaskRecord) -> set[str]:
     return {b.name for step in steps for b in step.assistant.content if isinstance(b, ToolUseBlock)}
 
 
-async def _apply(rt: Runtime, goal: GoalRecord, task: TaskRecord, verdict: Verdict, action: Action) -> bool:
+async def _apply(
+    rt: Runtime, goal: GoalRecord, task: TaskRecord, verdict: Verdict, action: Action, stored: StoredPlan
+) -> bool:
     """Make the verdict's move and enqueue its follow-up. False when the attempt moved on meanwhile."""
     gid, tid, attempt = goal.id, task.task_id, task.attempt
     try:
@@ -166,7 +172,10 @@ async def _apply(rt: Runtime, goal: GoalRecord, task: TaskRecord, verdict: Verdi
             moved = await rt.store.transition_task(
                 gid, tid, TaskState.DONE, expected_attempt=attempt, expected_state=TaskState.REVIEWING
             )
-            await rt.jobs.enqueue(AdvanceJob(goal_id=gid, task_id=tid, attempt=attempt))
+            if any(tid in spec.depends_on for spec in stored.plan.tasks):
+                # Tasks wait for this one: the planner dispatches those that became ready. (When none
+                # does, there is nothing to dispatch; the goal's end is `conclude`'s.)
+                await rt.jobs.enqueue(AdvanceJob(goal_id=gid, task_id=tid, attempt=attempt))
         elif action == "retry":
             moved = await rt.store.transition_task(
                 gid,
@@ -296,56 +305,67 @@ async def _write_final(
     return final
 
 
-async def conclude(rt: Runtime, goal_id: str) -> None:
+Concluded = Literal["concluded", "final_missing", "not_done"]
+
+
+async def conclude(rt: Runtime, goal_id: str, stored: StoredPlan | None = None) -> Concluded:
     """End the goal if all is in: every task accepted and, for a wider plan, the final answer
     written for exactly the accepted attempts. Succeeds with the answer, or asks for a new plan.
+    `stored`: the goal's current plan, when the caller has just read it. Returns what it found:
+    the goal concluded (or had already moved on), every task accepted but no final answer written
+    for them yet, or tasks still open.
 
     Safe to run any number of times, by anyone: the review that accepts the last task and the job
     that stored the final answer both call it (whichever comes second sees both: each writes its
     part before it reads the other's), and only one of them moves the goal."""
     goal = await rt.store.get_goal(goal_id)
     if goal.state not in (GoalState.RUNNING, GoalState.REVIEWING):
-        return
-    stored = await rt.store.get_plan(goal_id, goal.plan_version)
+        return "concluded"
+    if stored is None or stored.version != goal.plan_version:
+        # A caller's plan from before a replan must not conclude the new one.
+        stored = await rt.store.get_plan(goal_id, goal.plan_version)
     records = await rt.store.get_tasks(goal_id)
     key = accepted_key(stored.plan, records)
     if key is None:
-        return
+        return "not_done"
     single = len(stored.plan.tasks) == 1
     if single:
         spec = stored.plan.tasks[0]
         result = await rt.store.get_result(goal_id, spec.id, records[spec.id].attempt)
         if result is None:
-            return
+            return "not_done"
         final = FinalVerdict(answer=result.answer, passed=True, action="accept", feedback="the task's review")
     else:
         found = await Syntheses(rt.redis, rt.keys).get(goal_id, stored.version, key)
         if found is None:
-            return
+            return "final_missing"
         final = found
-    await _conclude(rt, goal, final, emit=not single)
+    await _conclude(rt, goal, stored.version, final, emit=not single)
+    return "concluded"
 
 
-async def _conclude(rt: Runtime, goal: GoalRecord, final: FinalVerdict, *, emit: bool) -> None:
-    # A goal cannot be "retried": any failing verdict means the plan must change.
+async def _conclude(rt: Runtime, goal: GoalRecord, version: int, final: FinalVerdict, *, emit: bool) -> None:
+    # A goal cannot be "retried": any failing verdict means the plan must change. Each move is a
+    # checked transition: from a goal that ended or is replanning meanwhile, it raises and nothing moves.
     action: Action = "accept" if final.passed else "replan"
     verdict = Verdict(passed=final.passed, action=action, feedback=final.feedback or "accepted")
     _trace_verdict(verdict, action, False)
+    goal_id = goal.id
     try:
-        if goal.state is GoalState.RUNNING and final.passed:
-            await rt.store.transition_goal(goal.id, GoalState.REVIEWING)
         if final.passed:
-            moved = await rt.store.transition_goal(goal.id, GoalState.SUCCEEDED, answer=final.answer)
+            # running -> reviewing (or already reviewing: a no-op) -> succeeded
+            await rt.store.transition_goal(goal_id, GoalState.REVIEWING)
+            moved = await rt.store.transition_goal(goal_id, GoalState.SUCCEEDED, answer=final.answer)
         else:
-            moved = await rt.store.transition_goal(goal.id, GoalState.REPLANNING, data={"feedback": final.feedback})
+            moved = await rt.store.transition_goal(goal_id, GoalState.REPLANNING, data={"feedback": final.feedback})
             reason = _goal_reason(final.feedback)
-            await rt.jobs.enqueue(ReplanJob(goal_id=goal.id, plan_version=goal.plan_version, reason=reason))
+            await rt.jobs.enqueue(ReplanJob(goal_id=goal_id, plan_version=version, reason=reason))
     except IllegalTransition as exc:
         log.info("review_goal.stale", error=str(exc))  # cancelled, stopped or concluded meanwhile
         return
     log.info("review_goal.applied", action=action, moved=moved)
     if moved and emit:
-        await _emit(rt, goal.id, None, verdict, action, plan_version=goal.plan_version, review=goal.goal.review)
+        await _emit(rt, goal_id, None, verdict, action, plan_version=version, review=goal.goal.review)
 
 
 def _trace_verdict(verdict: Verdict, action: Action, deterministic: bool) -> None:

@@ -115,17 +115,43 @@ async def verdicts(rt: Runtime) -> list[Event]:
 # -- task review ------------------------------------------------------------------------------
 
 
-async def test_accept_marks_done_and_asks_to_advance(redis: ArqRedis, keys: Keys) -> None:
-    """An accepted attempt: task done, advance job enqueued, one critic.verdict event."""
+async def test_accepting_the_only_task_concludes_the_goal_with_its_answer(redis: ArqRedis, keys: Keys) -> None:
+    """A goal of one task: its review is the goal's review, and its accepted answer the goal's answer
+    (no advance, no final-answer call); one critic.verdict event."""
     rt = runtime(redis, keys, DemoModel(latency=0))
     await running_goal(rt, task("t"))
     await in_review(rt, "t")
     await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
     rec = await rt.store.get_task("g1", "t")
     assert rec.state is TaskState.DONE and rec.attempt == 1
-    assert await queued(rt, "planner") == ids(rt, AdvanceJob(goal_id="g1", task_id="t", attempt=1))
+    goal = await rt.store.get_goal("g1")
+    assert goal.state is GoalState.SUCCEEDED and goal.answer == "ANSWER: 42"
+    assert await queued(rt, "planner") == set() and await queued(rt, "critic") == set()
     [event] = await verdicts(rt)
     assert event.task_id == "t" and event.data["passed"] is True and event.data["action"] == "accept"
+
+
+async def test_accept_asks_to_advance_only_when_a_task_waits_or_the_final_answer_is_missing(
+    redis: ArqRedis, keys: Keys
+) -> None:
+    """a has a dependent: accepting it asks the planner to dispatch. b and c have none: accepting b
+    (c still open) enqueues nothing for the planner; accepting c, the last, with no final answer
+    written for these attempts, hands the goal to the planner for its final review."""
+    rt = runtime(redis, keys, DemoModel(latency=0))
+    await running_goal(rt, task("a"), task("b"), task("d", "a"), task("c"))
+    for tid in ("a", "b"):
+        await in_review(rt, tid)
+    await review(rt, ReviewJob(goal_id="g1", task_id="a", attempt=1))
+    assert await queued(rt, "planner") == ids(rt, AdvanceJob(goal_id="g1", task_id="a", attempt=1))
+    await review(rt, ReviewJob(goal_id="g1", task_id="b", attempt=1))
+    assert await queued(rt, "planner") == ids(rt, AdvanceJob(goal_id="g1", task_id="a", attempt=1))
+    for tid in ("d", "c"):
+        await in_review(rt, tid)
+    await rt.jobs.redis.delete(rt.keys.queue("critic"))  # the speculative final answer's job: never run
+    await review(rt, ReviewJob(goal_id="g1", task_id="d", attempt=1))
+    await review(rt, ReviewJob(goal_id="g1", task_id="c", attempt=1))
+    assert rt.jobs.job_id(AdvanceJob(goal_id="g1", task_id="c", attempt=1)) in await queued(rt, "planner")
+    assert (await rt.store.get_goal("g1")).state is GoalState.RUNNING
 
 
 async def test_rejection_retries_with_the_feedback(redis: ArqRedis, keys: Keys) -> None:
