@@ -244,7 +244,13 @@ async def review_goal(rt: Runtime, job: ReviewGoalJob) -> None:
     Started speculatively (goal still running, reviews under way) or once all is accepted (goal
     reviewing): the same job id either way, so one model call. Skipped without a call when the
     attempts are no longer current (a review rejected one): the speculation is dropped."""
-    goal = await rt.store.get_goal(job.goal_id)
+    # Read at once: the plan version is the job's (checked against the goal's below).
+    syntheses = Syntheses(rt.redis, rt.keys)
+    goal, records, written = await asyncio.gather(
+        rt.store.get_goal(job.goal_id),
+        rt.store.get_tasks(job.goal_id),
+        syntheses.get(job.goal_id, job.plan_version, job.attempts) if job.attempts else _none(),
+    )
     if goal.terminal or goal.plan_version != job.plan_version:
         log.info("review_goal.skipped", state=goal.state.value, plan_version=goal.plan_version)
         return
@@ -257,27 +263,34 @@ async def review_goal(rt: Runtime, job: ReviewGoalJob) -> None:
         log.info("review_goal.skipped", state=goal.state.value)
         return
     stored = await rt.store.get_plan(goal.id, goal.plan_version)
-    records = await rt.store.get_tasks(goal.id)
     if len(stored.plan.tasks) > 1:
         key = job.attempts or accepted_key(stored.plan, records)
         if not key or speculation_key(stored.plan, records) != key:
             log.info("review_goal.dropped", reason="the attempts it was for are no longer current", attempts=key)
             return
-        syntheses = Syntheses(rt.redis, rt.keys)
-        if await syntheses.get(goal.id, stored.version, key) is None:
+        if not job.attempts:
+            written = await syntheses.get(goal.id, stored.version, key)
+        if written is None:
             final = await _write_final(rt, goal, stored, records)
             if final is None:
                 return  # the budget ran out; the goal was stopped
             await syntheses.save(goal.id, stored.version, key, final)
-    await conclude(rt, goal.id)
+    await conclude(rt, goal.id, stored)
+
+
+async def _none() -> None:
+    return None
 
 
 async def _write_final(
     rt: Runtime, goal: GoalRecord, stored: StoredPlan, records: dict[str, TaskRecord]
 ) -> FinalVerdict | None:
     """One model call: the final answer and its verdict; then the goal's machine check, if any."""
-    results = await rt.store.latest_results(goal.id, [t.id for t in stored.plan.tasks], records)
-    accepted = [(spec, results[spec.id]) for spec in stored.plan.tasks]
+    # Each result of the attempts in question, read at once (they are independent hash fields).
+    results = await asyncio.gather(
+        *(rt.store.get_result(goal.id, spec.id, records[spec.id].attempt) for spec in stored.plan.tasks)
+    )
+    accepted = list(zip(stored.plan.tasks, results, strict=True))
     outcome = await rt.within_budget(
         goal.id,
         ask_for_final(

@@ -244,7 +244,8 @@ async def _store(
         log.info("plan.already_stored", expected_version=expected_version)
         return await rt.store.get_plan(goal_id, expected_version + 1)
     log.info("plan.stored", version=version, tasks=[t.id for t in new.tasks])
-    return await rt.store.get_plan(goal_id, version)
+    # What was just written, without reading it back.
+    return StoredPlan(goal_id=goal_id, version=version, plan=new, reason=reason, route=route, first_turn=first_turn)
 
 
 async def _finish_replan(rt: Runtime, goal: GoalRecord, old: Plan, new: StoredPlan) -> None:
