@@ -255,9 +255,13 @@ async def review_goal(rt: Runtime, job: ReviewGoalJob) -> None:
         log.info("review_goal.skipped", state=goal.state.value, plan_version=goal.plan_version)
         return
     if goal.state is GoalState.REPLANNING:
-        # Failed by an earlier run that stopped before its enqueue, or a task failed meanwhile;
-        # the job id dedupes.
-        await rt.jobs.enqueue(ReplanJob(goal_id=goal.id, plan_version=goal.plan_version, reason=_goal_reason(None)))
+        if not job.attempts:
+            # Failed by an earlier run that stopped before its enqueue; the job id dedupes.
+            reason = _goal_reason(None)
+            await rt.jobs.enqueue(ReplanJob(goal_id=goal.id, plan_version=goal.plan_version, reason=reason))
+        # A job for given attempts finds a replan asked for by a review: that review enqueues it, with
+        # its own reason (the same job id: the first enqueue's reason would stand).
+        log.info("review_goal.skipped", state=goal.state.value)
         return
     if goal.state not in (GoalState.RUNNING, GoalState.REVIEWING):
         log.info("review_goal.skipped", state=goal.state.value)
