@@ -37,7 +37,7 @@ from arq.worker import Worker, func
 
 from bus.connection import EmbeddedRedis, redis_settings
 from bus.keys import Keys
-from critic.prompts import ANSWER_SYSTEM, GOAL_REVIEW_SYSTEM, REVIEW_SYSTEM
+from critic.prompts import FINAL_SYSTEM, FINAL_TOOL, REVIEW_SYSTEM
 from executor.loop import SYSTEM as EXECUTOR_SYSTEM
 from llm.testing import RecordedRequest, Script, content_text, text_reply, tool_reply
 from planner.prompts import PLAN_TOOL
@@ -167,17 +167,23 @@ SHAPE = re.compile(r"bench-shape width=(\d+) chain=(\d+) steps=(\d+)")
 BASELINE_SYSTEM = "You are a single ReAct agent (bench baseline)."
 
 
-def goal_text(width: int, chain: int, steps: int) -> str:
+CHECKED = "Make each result machine-checkable."
+# What a model asked for machine-checkable results writes in each task's `check`: the record was
+# fetched, and the answer says it was reported (the bench executor's answer does).
+TASK_CHECK = {"tools_called": ["fetch"], "pattern": r"^Record \S+ reported"}
+
+
+def goal_text(width: int, chain: int, steps: int, checked: bool = False) -> str:
     """A goal whose plan is `width` independent chains of `chain` tasks, each a loop of `steps` tool
-    calls and an answer."""
-    return f"Benchmark goal: bench-shape width={width} chain={chain} steps={steps}"
+    calls and an answer; `checked`: it asks for machine-checkable results."""
+    return f"Benchmark goal: bench-shape width={width} chain={chain} steps={steps}" + (f" {CHECKED}" if checked else "")
 
 
 def task_id(i: int, j: int) -> str:
     return f"c{i}-t{j}"
 
 
-def plan_for(width: int, chain: int, steps: int) -> dict[str, Any]:
+def plan_for(width: int, chain: int, steps: int, checked: bool = False) -> dict[str, Any]:
     tasks = [
         {
             "id": task_id(i, j),
@@ -186,6 +192,7 @@ def plan_for(width: int, chain: int, steps: int) -> dict[str, Any]:
             "depends_on": [task_id(i, j - 1)] if j else [],
             "definition_of_done": f"record {i}-{j} is reported",
             "tools": ["fetch"] if steps else [],
+            **({"check": TASK_CHECK} if checked and steps else {}),
         }
         for i in range(width)
         for j in range(chain)
@@ -194,15 +201,16 @@ def plan_for(width: int, chain: int, steps: int) -> dict[str, Any]:
 
 
 def role_of(req: RecordedRequest) -> str:
-    """planner | review | goal_review | answer | executor | baseline | unknown."""
+    """planner | review | goal_review | executor | baseline | unknown."""
     forced = (req.body.get("tool_choice") or {}).get("name")
     system = content_text(req.body.get("system"))
-    if forced == PLAN_TOOL and system == PLANNER_SYSTEM:
-        return "planner"
-    if forced == "submit_verdict":
-        return {REVIEW_SYSTEM: "review", GOAL_REVIEW_SYSTEM: "goal_review"}.get(system, "unknown")
-    if system == ANSWER_SYSTEM:
-        return "answer"
+    offered = {t.get("name") for t in req.body.get("tools") or []}
+    if system == PLANNER_SYSTEM and PLAN_TOOL in offered:
+        return "planner"  # forced (a replan, a correction) or route first (the goal's tools beside it)
+    if forced == "submit_verdict" and system == REVIEW_SYSTEM:
+        return "review"
+    if forced == FINAL_TOOL and system == FINAL_SYSTEM:
+        return "goal_review"
     if system == EXECUTOR_SYSTEM:
         return "executor"
     if system == BASELINE_SYSTEM:
@@ -221,6 +229,7 @@ def tool_results(req: RecordedRequest) -> int:
 
 
 ACCEPT = {"passed": True, "action": "accept", "feedback": "ok"}
+FINAL = {"answer": "All records were reported.", "passed": True, "action": "accept", "feedback": "ok"}
 
 
 class Responder:
@@ -245,15 +254,21 @@ class Responder:
         if role in ("executor", "review") and self.jitter:
             d += random.uniform(0, self.jitter)
         if role == "planner":
-            return tool_reply([(PLAN_TOOL, plan_for(width, chain, steps))], delay=d)
-        if role in ("review", "goal_review"):
+            forced = (req.body.get("tool_choice") or {}).get("name") == PLAN_TOOL
+            if width * chain == 1 and steps and not forced:
+                # One task: a model offered the goal's tools beside submit_plan starts it itself.
+                return tool_reply([("fetch", {"item": f"{task_id(0, 0)}-0"})], delay=d)
+            return tool_reply([(PLAN_TOOL, plan_for(width, chain, steps, CHECKED in first))], delay=d)
+        if role == "review":
             return tool_reply([("submit_verdict", ACCEPT)], delay=d)
-        if role == "answer":
-            return text_reply("All records were reported.", delay=d)
+        if role == "goal_review":
+            return tool_reply([(FINAL_TOOL, FINAL)], delay=d)
         if role == "executor":
             done = tool_results(req)
             m = re.search(r"Your task \(([^)]+)\)", first)
             tid = m.group(1) if m else "?"
+            if tid == "goal":  # a routed goal: the task is the goal's one chain
+                tid = task_id(0, 0)
             if done < steps:
                 return tool_reply([("fetch", {"item": f"{tid}-{done}"})], delay=d)
             return text_reply(f"Record {tid} reported after {done} fetches.", delay=d)

@@ -1,14 +1,29 @@
 """Parallel speed-up: makespan of DAGs of width 1, 2, 4, 8 with a model answering after a fixed delay,
-beside the critical-path lower bound and a single ReAct loop running the same tasks one after another.
+beside the critical-path lower bound and a single ReAct loop running the same tasks one after another,
+and the tokens each spends.
 
     python -m bench.speedup [--redis-url redis://127.0.0.1:6379/0] [--delay 0.2] [--widths 1,2,4,8] [--reps 3]
 
-One `taskloom worker all` process (executor concurrency `--concurrency`, default 8) runs goals whose
-plan is `width` independent tasks, each a 2-step tool loop (a `fetch` tool call, then the answer),
-against the fake Messages API answering every call after `--delay` s. Makespan: submit -> goal
-succeeded (median of `--reps`). Critical-path lower bound: the model delays along the longest path,
-i.e. planner 1 + executor 2 + task review 1 + final answer 1 + goal review 1 = 6 calls, whatever the
-width. The peers, in the same run, on the same fake server with the same delay, in this process:
+One `taskloom worker all` process (executor concurrency `--concurrency`, default 8) runs goals of
+`width` independent tasks, each a 2-step tool loop (a `fetch` tool call, then the answer), against
+the fake Messages API answering every call after `--delay` s. The scripted model plays a model
+offered the goal's tools beside `submit_plan` (route first): for a goal of one task it calls `fetch`
+itself, for a wider one it submits the plan. Two review configurations per width:
+
+- model review (the default, `every_task`): the critic's model judges every task; a one-task goal's
+  review is its goal review; a wider goal's final answer and its verdict are one critic call,
+  started while the last task reviews run;
+- machine check: the goal asks for machine-checkable results, and the planner gives each task a
+  `check` (`fetch` was called, the answer matches `^Record \\S+ reported`); at width 1 the goal
+  carries that check (its one task is the goal). The critic decides those without a model call.
+
+Makespan: submit -> goal succeeded (median of `--reps`). Critical-path lower bound: the model delays
+along the longest path. Width 1: plan (the planner's call is the task's first step) + the answer
++ the review = 3 calls (2 with a machine check). Wider: plan 1 + task steps 2 + max(task review,
+final answer with its verdict) 1 = 4 calls, whatever the width. Tokens: billed input (cache reads
+and writes included) and output per goal, from the goal's ledger, and from the usage the fake
+server reports for the single loop. The peers, in the same run, on the same fake server with the
+same delay, in this process:
 
 - single ReAct loop, same tasks: one conversation running each task's 2 steps one after another
   (2 x width calls), with no planner and no critic;
@@ -24,6 +39,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from bench._harness import (
@@ -31,6 +47,7 @@ from bench._harness import (
     DEFAULT_REDIS,
     FAKE_KEY,
     FAKE_MODEL,
+    TASK_CHECK,
     Responder,
     bench_redis,
     goal_text,
@@ -45,7 +62,7 @@ from bench.toolkit import observation
 from bus.client import Client
 from llm.anthropic import AnthropicModel
 from llm.testing import FakeAnthropicServer
-from llm.types import Message, ModelRequest, ToolDef, ToolResultBlock
+from llm.types import Message, ModelRequest, ToolDef, ToolResultBlock, Usage
 
 STEPS = 1  # tool calls per task before its answer: a 2-step tool loop
 FETCH = ToolDef(
@@ -55,19 +72,55 @@ FETCH = ToolDef(
 )
 
 
-def critical_calls(steps: int = STEPS) -> int:
-    """Model calls on the longest path: plan, the task's steps + answer, its review, final answer, goal review."""
-    return 1 + (steps + 1) + 1 + 1 + 1
+CONFIGS = ("model review", "machine check")
 
 
-async def react_same_tasks(model: AnthropicModel, width: int) -> tuple[float, int]:
+def critical_calls(width: int, machine: bool = False, steps: int = STEPS) -> int:
+    """Model calls on the longest path. One task: the planner's call is its first step, then the rest of
+    its steps and the answer, then its review (none with a machine check). Wider: plan, the task's steps
+    and answer, then the task review and the final answer with its verdict side by side."""
+    if width == 1:
+        return steps + 1 + (0 if machine else 1)
+    return 1 + (steps + 1) + 1
+
+
+@dataclass
+class Tokens:
+    input: int = 0
+    output: int = 0
+
+    def add(self, usage: Usage) -> None:
+        self.input += usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+        self.output += usage.output_tokens
+
+    @property
+    def total(self) -> int:
+        return self.input + self.output
+
+    def __str__(self) -> str:
+        return f"{self.input:,} + {self.output:,}"
+
+
+@dataclass
+class Row:
+    width: int
+    config: str
+    calls: int = 0
+    spans: list[float] = field(default_factory=list)
+    tokens: Tokens = field(default_factory=Tokens)
+    same: list[tuple[float, int]] = field(default_factory=list)
+    same_tokens: Tokens = field(default_factory=Tokens)
+    lean: list[tuple[float, int]] = field(default_factory=list)
+
+
+async def react_same_tasks(model: AnthropicModel, width: int, tokens: Tokens | None = None) -> tuple[float, int]:
     """One conversation, each task's tool call and answer one after another: (seconds, calls)."""
     calls = 0
     messages: list[Message] = []
     t0 = time.perf_counter()
     for i in range(width):
         messages.append(Message.user(f"Next task: fetch {task_id(i, 0)} and report it."))
-        calls += await _converse(model, messages)
+        calls += await _converse(model, messages, tokens)
     return time.perf_counter() - t0, calls
 
 
@@ -80,7 +133,7 @@ async def react_lean(model: AnthropicModel, width: int) -> tuple[float, int]:
     return time.perf_counter() - t0, calls
 
 
-async def _converse(model: AnthropicModel, messages: list[Message]) -> int:
+async def _converse(model: AnthropicModel, messages: list[Message], tokens: Tokens | None = None) -> int:
     """Call the model, answer its tool calls, repeat until it answers; return the number of calls."""
     calls = 0
     while True:
@@ -88,6 +141,8 @@ async def _converse(model: AnthropicModel, messages: list[Message]) -> int:
             ModelRequest(system=BASELINE_SYSTEM, messages=messages, tools=[FETCH], max_tokens=1024)
         )
         calls += 1
+        if tokens is not None:
+            tokens.add(response.usage)
         messages.append(response.as_message())
         if not response.tool_uses:
             return calls
@@ -102,7 +157,7 @@ async def run(url: str, delay: float, widths: list[int], reps: int, concurrency:
     async with bench_redis(url, "speedup") as bench:
         where = await machine(bench.redis, bench.where)
         responder = Responder(delay=delay)
-        rows = []
+        rows: list[Row] = []
         with FakeAnthropicServer() as fake:
             fake.respond_with(responder)
             model = AnthropicModel(FAKE_MODEL, api_key=FAKE_KEY, base_url=fake.base_url)
@@ -119,58 +174,72 @@ async def run(url: str, delay: float, widths: list[int], reps: int, concurrency:
                     bench.redis, [bench.keys.health_check(r) for r in ("planner", "executor", "critic")], [proc]
                 )
                 client = Client(bench.redis, bench.keys, default_budget_tokens=10_000_000)
-                await goal(client, 1)  # warm-up: imports, connections, scripts
+                for warm in (1, 2):  # imports, connections, scripts; both paths (routed and planned)
+                    await goal(client, warm, False)
                 await react_lean(model, 1)
                 for width in widths:
-                    spans, same, lean = [], [], []
-                    calls = 0
-                    for _ in range(reps):
-                        before = len(fake.message_requests)
-                        spans.append(await goal(client, width))
-                        calls = len(fake.message_requests) - before
-                        same.append(await react_same_tasks(model, width))
-                        lean.append(await react_lean(model, width))
-                    rows.append((width, calls, spans, same, lean))
+                    for config in CONFIGS:
+                        row = Row(width, config)
+                        for rep in range(reps):
+                            before = len(fake.message_requests)
+                            span, tokens = await goal(client, width, config == "machine check")
+                            row.spans.append(span)
+                            row.calls = len(fake.message_requests) - before
+                            if rep == 0:
+                                row.tokens = tokens
+                            same_tokens = Tokens()
+                            row.same.append(await react_same_tasks(model, width, same_tokens))
+                            row.same_tokens = same_tokens
+                            row.lean.append(await react_lean(model, width))
+                        rows.append(row)
             finally:
                 stop([proc])
                 await model.aclose()
     return report(where, delay, reps, concurrency, poll_delay, rows)
 
 
-async def goal(client: Client, width: int) -> float:
+async def goal(client: Client, width: int, checked: bool) -> tuple[float, Tokens]:
+    """Submit one goal and wait for it: (makespan, billed tokens from its ledger)."""
+    raw: dict[str, object] = {"text": goal_text(width, 1, STEPS, checked)}
+    if checked and width == 1:
+        raw["check"] = TASK_CHECK  # the goal is its one task: its definition of done is the task's
     t0 = time.perf_counter()
-    gid = await client.submit(goal_text(width, 1, STEPS))
+    gid = await client.submit(raw)
     record = await client.wait(gid, timeout=120)
+    span = time.perf_counter() - t0
     if record.state.value != "succeeded":
         raise RuntimeError(f"goal {gid} ended {record.state.value}: {record.reason}")
-    return time.perf_counter() - t0
+    books = await client.ledger.snapshot(gid)
+    tokens = Tokens(
+        input=books.spent_input + books.spent_cache_read + books.spent_cache_write, output=books.spent_output
+    )
+    return span, tokens
 
 
-def report(
-    where: str,
-    delay: float,
-    reps: int,
-    concurrency: int,
-    poll_delay: float,
-    rows: list[tuple[int, int, list[float], list[tuple[float, int]], list[tuple[float, int]]]],
-) -> str:
-    bound = critical_calls() * delay
+def report(where: str, delay: float, reps: int, concurrency: int, poll_delay: float, rows: list[Row]) -> str:
     lines = [
         where,
         f"model delay {delay * 1000:.0f} ms per call; one `taskloom worker all` process, executor concurrency "
-        f"{concurrency}, poll delay {poll_delay:g} s; median of {reps} runs per width",
+        f"{concurrency}, poll delay {poll_delay:g} s; median of {reps} runs per row; tokens: billed input + "
+        "output per goal",
         "",
-        "| width | taskloom model calls | critical path (calls) | lower bound s | makespan s | makespan / bound "
-        "| single ReAct loop, same tasks s (calls) | speed-up | lean ReAct s (calls) | speed-up vs lean |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| width | review | taskloom model calls | critical path (calls) | lower bound s | makespan s "
+        "| makespan / bound | single ReAct loop, same tasks s (calls) | makespan / single loop | speed-up "
+        "| lean ReAct s (calls) "
+        "| speed-up vs lean | taskloom tokens | single loop tokens | tokens taskloom / single |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for width, calls, spans, same, lean in rows:
-        span = statistics.median(spans)
-        s_same = statistics.median(t for t, _ in same)
-        s_lean = statistics.median(t for t, _ in lean)
+    for row in rows:
+        calls = critical_calls(row.width, row.config == "machine check")
+        bound = calls * delay
+        span = statistics.median(row.spans)
+        s_same = statistics.median(t for t, _ in row.same)
+        s_lean = statistics.median(t for t, _ in row.lean)
         lines.append(
-            f"| {width} | {calls} | {critical_calls()} | {bound:.2f} | {span:.2f} | {span / bound:.2f} | "
-            f"{s_same:.2f} ({same[0][1]}) | {s_same / span:.2f}x | {s_lean:.2f} ({lean[0][1]}) | {s_lean / span:.2f}x |"
+            f"| {row.width} | {row.config} | {row.calls} | {calls} | {bound:.2f} | {span:.2f} | {span / bound:.2f} | "
+            f"{s_same:.2f} ({row.same[0][1]}) | {span / s_same:.2f} | {s_same / span:.2f}x | "
+            f"{s_lean:.2f} ({row.lean[0][1]}) | {s_lean / span:.2f}x | {row.tokens} | {row.same_tokens} | "
+            f"{row.tokens.total / row.same_tokens.total:.2f} |"
         )
     return "\n".join(lines)
 

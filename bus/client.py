@@ -25,6 +25,7 @@ from .keys import Keys
 from .ledger import Ledger
 from .schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, StoredPlan, TaskRecord
 from .store import AlreadyExists, NotFound, Store
+from .synthesis import accepted_key
 from .tenants import Period, Tenants, TenantSettings, TenantView
 
 
@@ -109,7 +110,9 @@ class Client:
             )
             # The books first (idempotent), so that no goal ever exists without its budget.
             await self.ledger.open(gid, record.budget_tokens, budget_usd=goal.budget_usd, tenant=goal.tenant)
-            created = await self.store.create_goal(record, {"text": goal.text[:200]})
+            created = await self.store.create_goal(
+                record, {"text": goal.text[:200], "review": goal.review, "check": goal.check is not None}
+            )
             parent = None
             if not created:
                 existing = await self.store.get_goal(gid)
@@ -236,6 +239,13 @@ class Client:
             ReviewGoalJob(goal_id=goal_id, plan_version=version),
             ReplanJob(goal_id=goal_id, plan_version=version),
         ]
+        if goal.plan_version >= 1:
+            # The final answer's job is named after the accepted attempts (bus.synthesis): when every
+            # task is done, the resumed run asks for it under the same id.
+            stored = await self.store.get_plan(goal_id, goal.plan_version)
+            key = accepted_key(stored.plan, await self.store.get_tasks(goal_id))
+            if key is not None:
+                ended_jobs.append(ReviewGoalJob(goal_id=goal_id, plan_version=version, attempts=key))
         forget = [f"{result_key_prefix}{self.jobs.job_id(job)}" for job in ended_jobs]
         target = await self.store.resume_goal(goal_id, budget_tokens, forget)
         if target is not None:

@@ -133,13 +133,18 @@ class ReviewJob(JobPayload):
 
 
 class ReviewGoalJob(JobPayload):
+    """Write the final answer (and its verdict) from one set of task attempts (`bus.synthesis`)."""
+
     role = "critic"
     function = "review_goal"
     goal_id: GoalId
     plan_version: int = Field(ge=1)
+    # The attempts key the answer is written from; "" (a job from an older planner): the tasks'
+    # current attempts, once all are accepted.
+    attempts: str = Field(default="", pattern=r"^[0-9a-f]{0,64}$")
 
     def id_parts(self) -> tuple[str | int, ...]:
-        return (self.goal_id, self.plan_version)
+        return (self.goal_id, self.plan_version, *([self.attempts] if self.attempts else []))
 
 
 PAYLOADS: dict[str, type[JobPayload]] = {

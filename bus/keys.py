@@ -73,6 +73,10 @@ class Keys:
         """Hash: `result_field(task_id, attempt)` -> TaskResult JSON."""
         return f"{self.prefix}goal:{goal_id}:results"
 
+    def syntheses(self, goal_id: str) -> str:
+        """Hash: `<plan version>:<attempts key>` -> FinalVerdict JSON (bus.synthesis)."""
+        return f"{self.prefix}goal:{goal_id}:syntheses"
+
     @staticmethod
     def result_field(task_id: str, attempt: int) -> str:
         """A result's field in `results(goal)`: `task_id:attempt`."""

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 # Token usage is the model port's own type: one definition for the wire, the ledger and results.
-from llm.types import Usage
+from llm.types import ModelResponse, Usage
 
 from .stops import TaskStop
 from .tracing import current_trace_id
@@ -54,6 +54,50 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# How much model review a goal gets (docs/internals.md, "Review policies"): every task and the
+# final answer (the default); only the final answer; or none (machine checks and the critic's
+# deterministic checks still apply).
+ReviewPolicy = Literal["every_task", "final_only", "none"]
+REVIEW_POLICIES: tuple[str, ...] = ("every_task", "final_only", "none")
+
+
+class Check(_Model):
+    """A machine-checkable definition of done: when a task carries one, the critic decides from it
+    alone, without a model call. Every condition given must hold."""
+
+    tools_called: list[str] = Field(default_factory=list, description="tools it must call")
+    pattern: str | None = Field(default=None, max_length=1_000, description="regex the answer matches")
+    json_schema: dict[str, Any] | None = Field(default=None, description="JSON Schema the answer meets")
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"pattern is not a valid regular expression: {exc}") from None
+        return v
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            import jsonschema
+
+            try:
+                jsonschema.validators.validator_for(v).check_schema(v)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"json_schema is not a valid JSON Schema: {exc.message}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _something(self) -> Check:
+        if not self.tools_called and self.pattern is None and self.json_schema is None:
+            raise ValueError("a check needs at least one of tools_called, pattern, json_schema")
+        return self
+
+
 # -- goals ------------------------------------------------------------------------------------
 
 
@@ -74,6 +118,12 @@ class Goal(_Model):
     allowed_tools: list[str] | None = Field(default=None, description="tool names allowed; unset = all loaded")
     metadata: dict[str, str] = Field(default_factory=dict, description="free-form labels, returned as given")
     deadline: datetime | None = Field(default=None, description="absolute time after which the goal fails")
+    review: ReviewPolicy = Field(
+        default="every_task", description="model review: every_task (default), final_only or none"
+    )
+    check: Check | None = Field(
+        default=None, description="a machine-checkable definition of done for the final answer"
+    )
 
     @field_validator("deadline")
     @classmethod
@@ -136,6 +186,7 @@ class TaskSpec(_Model):
     depends_on: list[TaskId] = Field(default_factory=list, description="ids of tasks that must finish first")
     definition_of_done: NonEmpty = Field(max_length=2_000, description="how the critic checks the result")
     tools: list[str] = Field(default_factory=list, description="names of the tools the task may use")
+    check: Check | None = Field(default=None, description="machine check of the answer, instead of a review")
 
 
 class Plan(_Model):
@@ -149,11 +200,21 @@ class Plan(_Model):
         return next((t for t in self.tasks if t.id == task_id), None)
 
 
+# How the planner's first call went (docs/internals.md, "Route first"): the model submitted a plan,
+# or called the goal's tools itself (the goal is one task whose first step that call was), or
+# answered in text (one task whose answer that text is).
+PlanRoute = Literal["plan", "tool", "text"]
+
+
 class StoredPlan(_Model):
     goal_id: GoalId
     version: int = Field(ge=1)
     plan: Plan
     reason: str = Field(default="", description="why this version was made (first plan, replan because ...)")
+    route: PlanRoute = "plan"
+    # For a routed plan: the planner's model turn, the first step of attempt 1 of its one task. Stored
+    # with the plan in one write, so a re-run planner never asks again and the executor continues it.
+    first_turn: ModelResponse | None = None
     created_at: datetime = Field(default_factory=utcnow)
 
 
@@ -207,11 +268,9 @@ class TaskResult(_Model):
 class Verdict(_Model):
     """The input schema of `submit_verdict`: the critic's judgement of one result."""
 
-    passed: bool = Field(description="does the result meet the definition of done")
-    feedback: str = Field(default="", max_length=5_000, description="what is wrong, or why it passes")
-    action: Literal["accept", "retry", "replan"] = Field(
-        description="accept the result, retry the task with the feedback, or replan the goal"
-    )
+    passed: bool = Field(description="meets the definition of done (action accept)")
+    feedback: str = Field(default="", max_length=5_000, description="what is missing or wrong")
+    action: Literal["accept", "retry", "replan"]
 
     @model_validator(mode="after")
     def _consistent(self) -> Verdict:
@@ -219,6 +278,26 @@ class Verdict(_Model):
             raise ValueError("passed=true goes with action 'accept', and passed=false with 'retry' or 'replan'")
         if not self.passed and not self.feedback.strip():
             raise ValueError("feedback is required when the result does not pass")
+        return self
+
+
+class FinalVerdict(_Model):
+    """The input schema of `submit_final`: the goal's final answer and the critic's verdict on it,
+    written in one call (synthesis and goal review together)."""
+
+    answer: str = Field(max_length=50_000)
+    passed: bool = Field(description="meets the definition of done (action accept)")
+    feedback: str = Field(default="", max_length=5_000, description="what is missing")
+    action: Literal["accept", "replan"]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FinalVerdict:
+        if self.passed != (self.action == "accept"):
+            raise ValueError("passed=true goes with action 'accept', and passed=false with 'replan'")
+        if not self.passed and not self.feedback.strip():
+            raise ValueError("feedback is required when the answer does not pass")
+        if self.passed and not self.answer.strip():
+            raise ValueError("answer is required when it passes")
         return self
 
 
@@ -302,7 +381,8 @@ def task_sources(target: TaskState) -> frozenset[TaskState]:
 
 
 def json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The JSON Schema of a model as a tool `input_schema` (no titles: they only cost tokens)."""
+    """The JSON Schema of a model as a tool `input_schema` (no titles and no model docstrings: they
+    only cost tokens)."""
 
     def strip(node: Any, names: bool = False) -> Any:
         # Under "properties" the keys are field names (TaskSpec has a field called "title").
@@ -317,4 +397,9 @@ def json_schema(model: type[BaseModel]) -> dict[str, Any]:
         return node
 
     schema: dict[str, Any] = strip(model.model_json_schema())
+    # A model's docstring (its schema's description) is written for whoever reads the code; the
+    # fields' own descriptions are what the model needs, and every token of a tool is paid per call.
+    schema.pop("description", None)
+    for definition in schema.get("$defs", {}).values():
+        definition.pop("description", None)
     return schema

@@ -26,6 +26,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from llm.types import ModelResponse
+
 from . import events as ev
 from .keys import Keys
 from .schemas import (
@@ -39,6 +41,7 @@ from .schemas import (
     GoalRecord,
     GoalState,
     Plan,
+    PlanRoute,
     StoredPlan,
     TaskRecord,
     TaskResult,
@@ -548,18 +551,30 @@ class Store:
         return self._outcome(out, f"goal {goal_id}", GoalState.CANCELLED.value)
 
     # -- plans --------------------------------------------------------------------------------
-    async def save_plan(self, goal_id: str, plan: Plan, expected_version: int, reason: str = "") -> int:
+    async def save_plan(
+        self,
+        goal_id: str,
+        plan: Plan,
+        expected_version: int,
+        reason: str = "",
+        *,
+        route: PlanRoute = "plan",
+        first_turn: ModelResponse | None = None,
+    ) -> int:
         """Store `plan` as version `expected_version + 1` and create pending tasks for new ids.
 
         A planner job re-run after a crash passes the version it saw; if the plan was already
-        stored, it gets `StaleWrite` instead of a duplicate version.
+        stored, it gets `StaleWrite` instead of a duplicate version. A routed plan carries the
+        planner's model turn (`first_turn`) in the same write.
         """
         version = expected_version + 1
-        stored = StoredPlan(goal_id=goal_id, version=version, plan=plan, reason=reason)
+        stored = StoredPlan(
+            goal_id=goal_id, version=version, plan=plan, reason=reason, route=route, first_turn=first_turn
+        )
         event = Event(
             type="plan.stored",
             goal_id=goal_id,
-            data={"version": version, "tasks": [t.id for t in plan.tasks], "reason": reason},
+            data={"version": version, "tasks": [t.id for t in plan.tasks], "reason": reason, "route": route},
         )
         out = await self._save_plan(
             keys=[

@@ -1,15 +1,14 @@
-"""Model calls of the critic: a forced `submit_verdict` (with one correction), and the final answer."""
+"""Model calls of the critic: a forced `submit_verdict` or `submit_final` (each with one correction)."""
 
 from __future__ import annotations
 
 import structlog
 
-from bus.schemas import Verdict
+from bus.schemas import FinalVerdict, Verdict
 from llm.forced import FormOutcome, FormSpec, ask_forced
 from llm.port import ModelPort
-from llm.types import Message, ModelRequest, ModelResponse
 
-from .prompts import VERDICT_TOOL_DEF, verdict_correction
+from .prompts import FINAL_TOOL_DEF, VERDICT_TOOL_DEF, final_correction, verdict_correction
 
 log = structlog.get_logger("taskloom.critic")
 
@@ -45,10 +44,28 @@ async def ask_for_verdict(
     )
 
 
-async def write_answer(
+FINAL_FORM = FormSpec(
+    tool=FINAL_TOOL_DEF,
+    schema=FinalVerdict,
+    correction=final_correction,
+    missing=lambda _response: "the reply did not call submit_final",
+    ignored="Ignored: call submit_final once.",
+    root="final",
+    event="final.invalid",
+)
+
+
+async def ask_for_final(
     model: ModelPort, *, system: str, prompt: str, max_tokens: int, metadata: dict[str, str]
-) -> ModelResponse:
-    """One plain-text turn (no tools): the goal's final answer is its text."""
-    return await model.complete(
-        ModelRequest(system=system, messages=[Message.user(prompt)], max_tokens=max_tokens, metadata=metadata)
+) -> FormOutcome[FinalVerdict]:
+    """The final answer and its verdict, in one forced call (after at most one correction)."""
+    return await ask_forced(
+        model,
+        FINAL_FORM,
+        system=system,
+        prompt=prompt,
+        attempts=VERDICT_ATTEMPTS,
+        max_tokens=max_tokens,
+        metadata=metadata,
+        logger=log,
     )

@@ -1,4 +1,5 @@
-"""Critic job handlers: `review` (one task attempt) and `review_goal` (the final answer).
+"""Critic job handlers: `review` (one task attempt) and `review_goal` (the final answer and its
+verdict, written in one call, possibly while the last reviews still run).
 
 docs/internals.md is the contract. Both are safe to run twice: a re-delivered job whose verdict was
 already applied only re-enqueues the follow-up job (deterministic ids make that a no-op when it
@@ -7,17 +8,44 @@ was enqueued). A goal that has ended gets no model call.
 
 from __future__ import annotations
 
+import asyncio
+from typing import Literal
+
 import structlog
 
 import bus.tracing as tracing
+from bus.attempts import AttemptStore
 from bus.jobs import AdvanceJob, ExecuteJob, ReplanJob, ReviewGoalJob, ReviewJob
 from bus.runtime import Runtime
-from bus.schemas import Event, GoalRecord, GoalState, TaskRecord, TaskResult, TaskSpec, TaskState, Verdict
+from bus.schemas import (
+    Event,
+    FinalVerdict,
+    GoalRecord,
+    GoalState,
+    StoredPlan,
+    TaskRecord,
+    TaskResult,
+    TaskSpec,
+    TaskState,
+    Verdict,
+)
 from bus.store import IllegalTransition, StaleWrite
+from bus.synthesis import Syntheses, accepted_key, speculation_key
+from llm.types import ToolUseBlock
 
-from .ask import ask_for_verdict, write_answer
-from .checks import Action, check_result, decide, missing_result, unusable_verdict
-from .prompts import ANSWER_SYSTEM, GOAL_REVIEW_SYSTEM, REVIEW_SYSTEM, answer_prompt, goal_review_prompt, review_prompt
+from .ask import ask_for_final, ask_for_verdict
+from .checks import (
+    Action,
+    accepted_unreviewed,
+    check_problems,
+    check_result,
+    decide,
+    machine_verdict,
+    missing_result,
+    needs_model_review,
+    unusable_verdict,
+)
+from .prompts import FINAL_SYSTEM, REVIEW_SYSTEM, final_prompt, review_prompt
 
 log = structlog.get_logger("taskloom.critic")
 
@@ -29,7 +57,9 @@ ANSWER_TOKENS_FACTOR = 2
 
 
 async def review(rt: Runtime, job: ReviewJob) -> None:
-    """Judge one attempt: deterministic checks, else the model's verdict; then accept, retry or replan."""
+    """Judge one attempt: deterministic and machine checks, else the model's verdict (as the goal's
+    review policy says); then accept, retry or replan. When this is the last result of the plan to
+    reach review, the final answer is started now, beside this review (`_speculate`)."""
     goal = await rt.store.get_goal(job.goal_id)
     if goal.terminal:
         log.info("review.skipped", state=goal.state.value)
@@ -42,24 +72,57 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
         # A replan is under way: it supersedes this attempt (only done tasks are kept).
         log.info("review.skipped", state=goal.state.value)
         return
-    spec = (await rt.store.get_plan(goal.id, goal.plan_version)).plan.task(task.task_id)
+    stored = await rt.store.get_plan(goal.id, goal.plan_version)
+    spec = stored.plan.task(task.task_id)
     if spec is None:
         log.info("review.skipped", reason="the task is not in the current plan")
         return
-    result = await rt.store.get_result(goal.id, task.task_id, task.attempt)
-    judged = await _judge(rt, goal, task, spec, result)
+    final = len(stored.plan.tasks) == 1
+    # Beside this review, not before it: neither waits for the other's round trips.
+    speculation = None if final else asyncio.create_task(_speculate(rt, goal, stored))
+    try:
+        result = await rt.store.get_result(goal.id, task.task_id, task.attempt)
+        judged = await _judge(rt, goal, task, spec, result, final)
+    finally:
+        if speculation is not None:
+            await speculation
     if judged is None:
         return  # the budget ran out; the goal was stopped
     verdict, deterministic = judged
     # Attempts of earlier plan versions do not use up this version's retries.
     action = decide(verdict, task.attempt - task.first_attempt + 1, rt.limits)
     _trace_verdict(verdict, action, deterministic)
-    if await _apply(rt, goal, task, verdict, action):
-        await _emit(rt, goal.id, task.task_id, verdict, action, attempt=task.attempt, deterministic=deterministic)
+    if await _apply(rt, goal, task, verdict, action, stored):
+        await _emit(
+            rt,
+            goal.id,
+            task.task_id,
+            verdict,
+            action,
+            attempt=task.attempt,
+            deterministic=deterministic,
+            review=goal.goal.review,
+        )
+    if action == "accept" and await conclude(rt, goal.id, stored) == "final_missing":
+        # Every task is accepted but no final answer was written for these attempts (its speculation
+        # was dropped, or the plan has no other review to start it): the planner hands the goal to
+        # its final review.
+        await rt.jobs.enqueue(AdvanceJob(goal_id=goal.id, task_id=task.task_id, attempt=task.attempt))
+
+
+async def _speculate(rt: Runtime, goal: GoalRecord, stored: StoredPlan) -> None:
+    """Every task of the plan has a result in review or accepted: start the final answer now, for
+    exactly these attempts (`bus.synthesis`). Each review job checks after its own task reached
+    review, so the last of them always sees them all; they enqueue one job (the id dedupes)."""
+    key = speculation_key(stored.plan, await rt.store.get_tasks(goal.id))
+    if key is not None and await rt.jobs.enqueue(
+        ReviewGoalJob(goal_id=goal.id, plan_version=stored.version, attempts=key)
+    ):
+        log.info("review.speculating", attempts=key)
 
 
 async def _judge(
-    rt: Runtime, goal: GoalRecord, task: TaskRecord, spec: TaskSpec, result: TaskResult | None
+    rt: Runtime, goal: GoalRecord, task: TaskRecord, spec: TaskSpec, result: TaskResult | None, final: bool
 ) -> tuple[Verdict, bool] | None:
     """(verdict, made without a model) or None when the budget refused the model call."""
     if result is None:
@@ -68,12 +131,20 @@ async def _judge(
     if early is not None:
         log.info("review.deterministic", stop_reason=result.stop_reason, feedback=early.feedback)
         return early, True
+    check = spec.check or (goal.goal.check if final else None)
+    if check is not None:
+        used = await _tools_used(rt, goal.id, task) if check.tools_called else None
+        verdict = machine_verdict(check, result.answer, used)
+        log.info("review.machine_check", passed=verdict.passed, feedback=verdict.feedback)
+        return verdict, True
+    if not needs_model_review(goal.goal.review, final):
+        return accepted_unreviewed(goal.goal.review), True
     outcome = await rt.within_budget(
         goal.id,
         ask_for_verdict(
             rt.model_for(goal.id),
             system=REVIEW_SYSTEM,
-            prompt=review_prompt(goal.goal, spec, result, task.feedback),
+            prompt=review_prompt(goal.goal, spec, result, task.feedback, final=final),
             max_tokens=rt.limits.model_max_tokens,
             metadata=_meta(goal.id, "review", task.task_id),
         ),
@@ -85,7 +156,15 @@ async def _judge(
     return outcome.value, False
 
 
-async def _apply(rt: Runtime, goal: GoalRecord, task: TaskRecord, verdict: Verdict, action: Action) -> bool:
+async def _tools_used(rt: Runtime, goal_id: str, task: TaskRecord) -> set[str]:
+    """The tools the attempt called, from its stored steps (the planner's routed turn included)."""
+    steps = await AttemptStore(rt.redis, rt.keys, goal_id, task.task_id, task.attempt).steps()
+    return {b.name for step in steps for b in step.assistant.content if isinstance(b, ToolUseBlock)}
+
+
+async def _apply(
+    rt: Runtime, goal: GoalRecord, task: TaskRecord, verdict: Verdict, action: Action, stored: StoredPlan
+) -> bool:
     """Make the verdict's move and enqueue its follow-up. False when the attempt moved on meanwhile."""
     gid, tid, attempt = goal.id, task.task_id, task.attempt
     try:
@@ -93,7 +172,10 @@ async def _apply(rt: Runtime, goal: GoalRecord, task: TaskRecord, verdict: Verdi
             moved = await rt.store.transition_task(
                 gid, tid, TaskState.DONE, expected_attempt=attempt, expected_state=TaskState.REVIEWING
             )
-            await rt.jobs.enqueue(AdvanceJob(goal_id=gid, task_id=tid, attempt=attempt))
+            if any(tid in spec.depends_on for spec in stored.plan.tasks):
+                # Tasks wait for this one: the planner dispatches those that became ready. (When none
+                # does, there is nothing to dispatch; the goal's end is `conclude`'s.)
+                await rt.jobs.enqueue(AdvanceJob(goal_id=gid, task_id=tid, attempt=attempt))
         elif action == "retry":
             moved = await rt.store.transition_task(
                 gid,
@@ -134,6 +216,7 @@ async def _redrive(rt: Runtime, goal: GoalRecord, task: TaskRecord, job: ReviewJ
     try:
         if task.state is TaskState.DONE and task.attempt == job.attempt:
             await rt.jobs.enqueue(AdvanceJob(goal_id=goal.id, task_id=task.task_id, attempt=job.attempt))
+            await conclude(rt, goal.id)
         elif task.state is TaskState.RETRYING and task.attempt == job.attempt + 1:
             await rt.jobs.enqueue(ExecuteJob(goal_id=goal.id, task_id=task.task_id, attempt=task.attempt))
         elif task.state is TaskState.FAILED and task.attempt == job.attempt and goal.state is GoalState.RUNNING:
@@ -151,79 +234,155 @@ def _failed_reason(verdict: Verdict) -> str:
     return f"rejected by the critic: {verdict.feedback}"
 
 
-# -- review of the whole goal -----------------------------------------------------------------
+# -- the final answer: synthesis and goal review in one call ----------------------------------
 
 
 async def review_goal(rt: Runtime, job: ReviewGoalJob) -> None:
-    """Write the final answer from the accepted results, check it against the goal; succeed or replan."""
-    goal = await rt.store.get_goal(job.goal_id)
+    """Write the final answer and its verdict from one set of task attempts (`bus.synthesis`), then
+    conclude the goal if every task is accepted with exactly those attempts.
+
+    Started speculatively (goal still running, reviews under way) or once all is accepted (goal
+    reviewing): the same job id either way, so one model call. Skipped without a call when the
+    attempts are no longer current (a review rejected one): the speculation is dropped."""
+    # Read at once: the plan version is the job's (checked against the goal's below).
+    syntheses = Syntheses(rt.redis, rt.keys)
+    goal, records, written = await asyncio.gather(
+        rt.store.get_goal(job.goal_id),
+        rt.store.get_tasks(job.goal_id),
+        syntheses.get(job.goal_id, job.plan_version, job.attempts) if job.attempts else _none(),
+    )
     if goal.terminal or goal.plan_version != job.plan_version:
         log.info("review_goal.skipped", state=goal.state.value, plan_version=goal.plan_version)
         return
     if goal.state is GoalState.REPLANNING:
-        # Failed by an earlier run that stopped before its enqueue; the job id dedupes.
-        await rt.jobs.enqueue(ReplanJob(goal_id=goal.id, plan_version=goal.plan_version, reason=_goal_reason(None)))
-        return
-    if goal.state is not GoalState.REVIEWING:
+        if not job.attempts:
+            # Failed by an earlier run that stopped before its enqueue; the job id dedupes.
+            reason = _goal_reason(None)
+            await rt.jobs.enqueue(ReplanJob(goal_id=goal.id, plan_version=goal.plan_version, reason=reason))
+        # A job for given attempts finds a replan asked for by a review: that review enqueues it, with
+        # its own reason (the same job id: the first enqueue's reason would stand).
         log.info("review_goal.skipped", state=goal.state.value)
         return
-    answer = await _final_answer(rt, goal)
-    if answer is None:
+    if goal.state not in (GoalState.RUNNING, GoalState.REVIEWING):
+        log.info("review_goal.skipped", state=goal.state.value)
         return
+    stored = await rt.store.get_plan(goal.id, goal.plan_version)
+    if len(stored.plan.tasks) > 1:
+        key = job.attempts or accepted_key(stored.plan, records)
+        if not key or speculation_key(stored.plan, records) != key:
+            log.info("review_goal.dropped", reason="the attempts it was for are no longer current", attempts=key)
+            return
+        if not job.attempts:
+            written = await syntheses.get(goal.id, stored.version, key)
+        if written is None:
+            final = await _write_final(rt, goal, stored, records)
+            if final is None:
+                return  # the budget ran out; the goal was stopped
+            await syntheses.save(goal.id, stored.version, key, final)
+    await conclude(rt, goal.id, stored)
+
+
+async def _none() -> None:
+    return None
+
+
+async def _write_final(
+    rt: Runtime, goal: GoalRecord, stored: StoredPlan, records: dict[str, TaskRecord]
+) -> FinalVerdict | None:
+    """One model call: the final answer and its verdict; then the goal's machine check, if any."""
+    # Each result of the attempts in question, read at once (they are independent hash fields).
+    results = await asyncio.gather(
+        *(rt.store.get_result(goal.id, spec.id, records[spec.id].attempt) for spec in stored.plan.tasks)
+    )
+    accepted = list(zip(stored.plan.tasks, results, strict=True))
     outcome = await rt.within_budget(
         goal.id,
-        ask_for_verdict(
+        ask_for_final(
             rt.model_for(goal.id),
-            system=GOAL_REVIEW_SYSTEM,
-            prompt=goal_review_prompt(goal.goal, answer),
-            max_tokens=rt.limits.model_max_tokens,
+            system=FINAL_SYSTEM,
+            prompt=final_prompt(goal.goal, accepted, rt.limits.dependency_result_limit),
+            max_tokens=rt.limits.model_max_tokens * ANSWER_TOKENS_FACTOR,
             metadata=_meta(goal.id, "review_goal"),
         ),
     )
     if outcome is None:
-        return
-    verdict = outcome.value or unusable_verdict("; ".join(outcome.problems))
-    await _conclude(rt, goal, answer, verdict)
-
-
-async def _final_answer(rt: Runtime, goal: GoalRecord) -> str | None:
-    stored = await rt.store.get_plan(goal.id, goal.plan_version)
-    results = await rt.store.latest_results(goal.id, [t.id for t in stored.plan.tasks])
-    accepted = [(spec, results[spec.id]) for spec in stored.plan.tasks]
-    response = await rt.within_budget(
-        goal.id,
-        write_answer(
-            rt.model_for(goal.id),
-            system=ANSWER_SYSTEM,
-            prompt=answer_prompt(goal.goal, accepted, rt.limits.dependency_result_limit),
-            max_tokens=rt.limits.model_max_tokens * ANSWER_TOKENS_FACTOR,
-            metadata=_meta(goal.id, "final_answer"),
-        ),
-    )
-    if response is None:
         return None
-    if response.stop_reason != "stop":
-        log.warning("review_goal.answer_incomplete", stop_reason=response.stop_reason)
-    return response.text.strip()
+    final = outcome.value
+    if final is None:
+        why = "; ".join(outcome.problems)
+        return FinalVerdict(answer="", passed=False, action="replan", feedback=f"no valid final answer ({why})")
+    if final.passed and goal.goal.check is not None:
+        problems = check_problems(goal.goal.check, final.answer, None)
+        if problems:
+            feedback = "Machine check of the final answer failed: " + "; ".join(problems) + "."
+            return final.model_copy(update={"passed": False, "action": "replan", "feedback": feedback})
+    if not final.passed and goal.goal.review == "none" and final.answer.strip():
+        # No model review: the verdict part is not acted on.
+        return final.model_copy(update={"passed": True, "action": "accept"})
+    return final
 
 
-async def _conclude(rt: Runtime, goal: GoalRecord, answer: str, verdict: Verdict) -> None:
-    # A goal cannot be "retried": any failing verdict means the plan must change.
-    action: Action = "accept" if verdict.passed else "replan"
+Concluded = Literal["concluded", "final_missing", "not_done"]
+
+
+async def conclude(rt: Runtime, goal_id: str, stored: StoredPlan | None = None) -> Concluded:
+    """End the goal if all is in: every task accepted and, for a wider plan, the final answer
+    written for exactly the accepted attempts. Succeeds with the answer, or asks for a new plan.
+    `stored`: the goal's current plan, when the caller has just read it. Returns what it found:
+    the goal concluded (or had already moved on), every task accepted but no final answer written
+    for them yet, or tasks still open.
+
+    Safe to run any number of times, by anyone: the review that accepts the last task and the job
+    that stored the final answer both call it (whichever comes second sees both: each writes its
+    part before it reads the other's), and only one of them moves the goal."""
+    goal = await rt.store.get_goal(goal_id)
+    if goal.state not in (GoalState.RUNNING, GoalState.REVIEWING):
+        return "concluded"
+    if stored is None or stored.version != goal.plan_version:
+        # A caller's plan from before a replan must not conclude the new one.
+        stored = await rt.store.get_plan(goal_id, goal.plan_version)
+    records = await rt.store.get_tasks(goal_id)
+    key = accepted_key(stored.plan, records)
+    if key is None:
+        return "not_done"
+    single = len(stored.plan.tasks) == 1
+    if single:
+        spec = stored.plan.tasks[0]
+        result = await rt.store.get_result(goal_id, spec.id, records[spec.id].attempt)
+        if result is None:
+            return "not_done"
+        final = FinalVerdict(answer=result.answer, passed=True, action="accept", feedback="the task's review")
+    else:
+        found = await Syntheses(rt.redis, rt.keys).get(goal_id, stored.version, key)
+        if found is None:
+            return "final_missing"
+        final = found
+    await _conclude(rt, goal, stored.version, final, emit=not single)
+    return "concluded"
+
+
+async def _conclude(rt: Runtime, goal: GoalRecord, version: int, final: FinalVerdict, *, emit: bool) -> None:
+    # A goal cannot be "retried": any failing verdict means the plan must change. Each move is a
+    # checked transition: from a goal that ended or is replanning meanwhile, it raises and nothing moves.
+    action: Action = "accept" if final.passed else "replan"
+    verdict = Verdict(passed=final.passed, action=action, feedback=final.feedback or "accepted")
     _trace_verdict(verdict, action, False)
+    goal_id = goal.id
     try:
-        if verdict.passed:
-            moved = await rt.store.transition_goal(goal.id, GoalState.SUCCEEDED, answer=answer)
+        if final.passed:
+            # running -> reviewing (or already reviewing: a no-op) -> succeeded
+            await rt.store.transition_goal(goal_id, GoalState.REVIEWING)
+            moved = await rt.store.transition_goal(goal_id, GoalState.SUCCEEDED, answer=final.answer)
         else:
-            moved = await rt.store.transition_goal(goal.id, GoalState.REPLANNING, data={"feedback": verdict.feedback})
-            reason = _goal_reason(verdict.feedback)
-            await rt.jobs.enqueue(ReplanJob(goal_id=goal.id, plan_version=goal.plan_version, reason=reason))
+            moved = await rt.store.transition_goal(goal_id, GoalState.REPLANNING, data={"feedback": final.feedback})
+            reason = _goal_reason(final.feedback)
+            await rt.jobs.enqueue(ReplanJob(goal_id=goal_id, plan_version=version, reason=reason))
     except IllegalTransition as exc:
-        log.info("review_goal.stale", error=str(exc))  # cancelled (or stopped) while reviewing
+        log.info("review_goal.stale", error=str(exc))  # cancelled, stopped or concluded meanwhile
         return
     log.info("review_goal.applied", action=action, moved=moved)
-    if moved:
-        await _emit(rt, goal.id, None, verdict, action, plan_version=goal.plan_version)
+    if moved and emit:
+        await _emit(rt, goal_id, None, verdict, action, plan_version=version, review=goal.goal.review)
 
 
 def _trace_verdict(verdict: Verdict, action: Action, deterministic: bool) -> None:
@@ -244,7 +403,7 @@ def _goal_reason(feedback: str | None) -> str:
 
 
 async def _emit(
-    rt: Runtime, goal_id: str, task_id: str | None, verdict: Verdict, action: Action, **extra: int | bool
+    rt: Runtime, goal_id: str, task_id: str | None, verdict: Verdict, action: Action, **extra: int | bool | str
 ) -> None:
     data = {"passed": verdict.passed, "action": action, "feedback": verdict.feedback, **extra}
     await rt.events.emit(Event(type="critic.verdict", goal_id=goal_id, task_id=task_id, data=data))
@@ -254,4 +413,4 @@ def _meta(goal_id: str, purpose: str, task_id: str | None = None) -> dict[str, s
     return {"goal_id": goal_id, "role": "critic", "purpose": purpose, **({"task_id": task_id} if task_id else {})}
 
 
-__all__ = ["review", "review_goal"]
+__all__ = ["conclude", "review", "review_goal"]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import structlog
 
 from bus.approvals import ApprovalBook, ApprovalDecision
-from bus.attempts import AttemptStore, LeaseLost, claim_expired, drop_lease, now_ms
+from bus.attempts import AttemptStore, LeaseLost, Pending, claim_expired, drop_lease, now_ms
 from bus.effects import SideEffects
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
@@ -26,7 +26,7 @@ from bus.stops import TaskStop
 from bus.store import IllegalTransition, NotFound, StaleWrite
 from bus.tenants import Tenants
 from llm.toolselect import select_tools
-from llm.types import ToolUseBlock
+from llm.types import ModelResponse, ToolUseBlock
 
 from .gateway import ToolGateway, digest
 from .loop import Approvals, Handover, Loop, Paused, TaskInput
@@ -61,9 +61,12 @@ class RedisApprovals(Approvals):
 
 async def _task_input(
     rt: Runtime, job: ExecuteJob, goal: GoalRecord, plan_version: int, feedback: str | None
-) -> TaskInput:
-    """`goal` as `execute` read it a moment ago (its text, budget and deadline never change)."""
-    plan = (await rt.store.get_plan(job.goal_id, plan_version)).plan
+) -> tuple[TaskInput, ModelResponse | None]:
+    """The attempt's input, and the planner's routed turn when this is the first attempt of a
+    routed plan's task (its first step, already received and billed: see `_seed_routed_turn`).
+    `goal` as `execute` read it a moment ago (its text, budget and deadline never change)."""
+    stored = await rt.store.get_plan(job.goal_id, plan_version)
+    plan = stored.plan
     spec = plan.task(job.task_id)
     if spec is None:
         raise NotFound("task spec", f"{job.goal_id}/{job.task_id} in plan v{plan_version}")
@@ -72,7 +75,7 @@ async def _task_input(
     # Side effects of earlier attempts (attempt numbers start at 1: the first has none to read).
     effects = await SideEffects(rt.redis, rt.keys).history(job.goal_id, job.task_id) if job.attempt > 1 else []
     earlier = [e for e in effects if e.attempt < job.attempt]
-    return TaskInput(
+    task = TaskInput(
         goal=goal,
         spec=spec,
         attempt=job.attempt,
@@ -80,6 +83,18 @@ async def _task_input(
         dependency_results=tuple(deps),
         earlier_effects=tuple(earlier),
     )
+    return task, stored.first_turn if job.attempt == 1 and len(plan.tasks) == 1 else None
+
+
+async def _seed_routed_turn(store: AttemptStore, turn: ModelResponse) -> None:
+    """Make the planner's routed turn the attempt's pending turn, unless the attempt already has a
+    step or a pending turn (a re-run): the loop then applies it (its tool calls run here, through
+    the gateway, with approvals, idempotency keys and side-effect records as for any turn) and
+    continues, without asking the model for it again."""
+    if await store.pending() != Pending() or await store.steps():
+        return
+    await store.save_turn(turn)
+    log.info("execute.routed_turn", tools=[u.name for u in turn.tool_uses])
 
 
 def _offered(registry: ToolRegistry, task: TaskInput, goal_tools: list[str] | None, limit: int) -> list[str]:
@@ -214,7 +229,9 @@ async def _make_loop(
     stopping: Callable[[], bool] | None,
 ) -> Loop:
     """The attempt's loop: its input, the tools it is offered, and the services it writes through."""
-    task_input = await _task_input(rt, job, goal, task.plan_version, task.feedback)
+    task_input, routed = await _task_input(rt, job, goal, task.plan_version, task.feedback)
+    if routed is not None:
+        await _seed_routed_turn(store, routed)
     registry = await tools.snapshot()
     allowed = _offered(registry, task_input, goal.goal.allowed_tools, rt.limits.tool_select_limit)
     gateway = ToolGateway(

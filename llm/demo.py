@@ -22,9 +22,15 @@ quoting the tool results (or, for a summary, the prompt's lines that mention ord
 at the end of the order's decision line, so that the summary (which keeps each order's decision
 line) carries the deadline into the goal's final answer.
 
+**Route first** (a plan tool offered, not forced, beside the goal's tools): the plan above when it
+has several tasks; otherwise it starts the goal at once, as the executor below would (tool calls,
+or a text answer).
+
 **Critic** (`tool_choice` forces a verdict tool): rejects (action `retry`, feedback `FEEDBACK`) when
 the prompt holds `DEADLINE_DOD` but no `Refund deadline:` answer and no earlier `FEEDBACK`; accepts
-otherwise. So the first order's task is retried exactly once, showing the retry path.
+otherwise. So the first order's task is retried exactly once, showing the retry path. A forced
+final tool (the answer and its verdict in one) gets each order's decision line from the accepted
+results, and a verdict by the same rule.
 
 For any other forced tool, it fills the tool's required inputs with placeholder values.
 Usage: input tokens are `estimate_input_tokens(request)`; output tokens are counted like the fake
@@ -66,10 +72,13 @@ _DAYS = re.compile(r"\b(\d{1,3})\s*(?:-\s*)?days?\b|\"\w*days\w*\"\s*:\s*(\d{1,3
 
 def _form(tool: ToolDef) -> str:
     """Which role's form a forced tool is, by the fields its input schema requires (the demo knows
-    no role's tool names): `plan` (a `tasks` list), `verdict` (`passed` and `action`), else `other`."""
+    no role's tool names): `plan` (a `tasks` list), `final` (`answer`, `passed` and `action`),
+    `verdict` (`passed` and `action`), else `other`."""
     required = set(tool.input_schema.get("required", []))
     if "tasks" in required:
         return "plan"
+    if {"answer", "passed", "action"} <= required:
+        return "final"
     if {"passed", "action"} <= required:
         return "verdict"
     return "other"
@@ -162,6 +171,27 @@ def _verdict(request: ModelRequest) -> dict[str, Any]:
     if DEADLINE_DOD in text and DEADLINE_MARK not in text and FEEDBACK not in text:
         return {"passed": False, "feedback": FEEDBACK, "action": "retry"}
     return {"passed": True, "feedback": "Meets the definition of done.", "action": "accept"}
+
+
+def _final(request: ModelRequest) -> dict[str, Any]:
+    """The final answer (each order's decision line from the accepted results, or their lines that
+    mention an order, or all of them) and a verdict by the same rule as a task review."""
+    text = _user_text(request)
+    body = text.split("Accepted results:", 1)[-1].rsplit("\n\nWrite the final answer", 1)[0].strip()
+    decisions = _unique_by_order([m.group(0) for m in _DECISION.finditer(body)])
+    answer = "\n".join(decisions) or body or "No results."
+    return {"answer": answer, **_verdict(request)}
+
+
+def _route(request: ModelRequest) -> tuple[list[ContentBlock], StopReason]:
+    """The planner's first call offers the goal's tools beside the plan tool: a goal the rules plan
+    as several tasks gets the plan; any other is done at once, as an executor would start it."""
+    plan_tool = next(t for t in request.tools if _form(t) == "plan")
+    args = _plan(request)
+    if len(args["tasks"]) > 1:
+        call = ToolUseBlock(id=_tool_use_id(request, plan_tool.name, args), name=plan_tool.name, input=args)
+        return [call], "tool_call"
+    return _execute(request)
 
 
 # -- executor ---------------------------------------------------------------------------------
@@ -359,12 +389,16 @@ class DemoModel:
             kind = _form(tool)
             if kind == "plan":
                 args = _plan(request)
+            elif kind == "final":
+                args = _final(request)
             elif kind == "verdict":
                 args = _verdict(request)
             else:
                 args = _placeholder_input(tool)
             content = [ToolUseBlock(id=_tool_use_id(request, forced, args), name=forced, input=args)]
             stop_reason = "tool_call"
+        elif any(_form(t) == "plan" for t in request.tools):
+            content, stop_reason = _route(request)
         else:
             content, stop_reason = _execute(request)
 

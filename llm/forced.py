@@ -99,18 +99,24 @@ async def ask_forced(
     metadata: dict[str, str],
     check: Callable[[M], list[str]] | None = None,
     logger: structlog.typing.FilteringBoundLogger | None = None,
+    history: Sequence[Message] = (),
+    also_offer: Sequence[ToolDef] = (),
+    asked: int = 0,
 ) -> FormOutcome[M]:
     """Ask until the tool's input validates (and passes `check`) or `attempts` replies were refused.
 
+    `history`: turns after the prompt that already happened (a reply that was not accepted and its
+    answer), `asked` of them counted as attempts; `also_offer`: tools offered besides the forced one
+    (those the history's turns may have called, which a conversation must keep defining).
     Raises what the model raises (`ModelError`, or the ledger's `BudgetExhausted`).
     """
-    messages = [Message.user(prompt)]
+    messages = [Message.user(prompt), *history]
     problems: list[str] = []
-    for attempt in range(1, attempts + 1):
+    for attempt in range(asked + 1, asked + attempts + 1):
         request = ModelRequest(
             system=system,
             messages=messages,
-            tools=[form.tool],
+            tools=[*also_offer, form.tool],
             tool_choice=ToolChoice.force(form.tool.name),
             max_tokens=max_tokens,
             metadata=metadata,
@@ -123,4 +129,4 @@ async def ask_forced(
         if response.content:
             # An empty reply (cut at max_tokens before any block) cannot be replayed as a turn.
             messages = [*messages, response.as_message(), answer(response, form, problems)]
-    return FormOutcome(value=None, problems=problems, attempts=attempts)
+    return FormOutcome(value=None, problems=problems, attempts=asked + attempts)

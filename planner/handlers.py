@@ -7,25 +7,35 @@ id, moving a record to the state it is already in). A goal that has ended gets n
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
 import structlog
 
 from bus.jobs import AdvanceJob, ExecuteJob, PlanJob, ReplanJob, ReviewGoalJob
 from bus.runtime import Runtime
-from bus.schemas import GoalRecord, GoalState, Plan, StoredPlan, TaskRecord, TaskResult, TaskState
+from bus.schemas import GoalRecord, GoalState, Plan, PlanRoute, StoredPlan, TaskRecord, TaskResult, TaskState
 from bus.store import IllegalTransition, StaleWrite
+from bus.synthesis import accepted_key
 from llm.forced import FormOutcome
 from llm.toolselect import select_tools
-from llm.types import ToolDef
+from llm.types import ModelResponse, ToolDef
 
-from .ask import ask_for_plan
+from .ask import PLAN_TOOL_DEF, Routed, ask_for_plan, ask_routed
 from .dag import all_done, ready_tasks, validate_plan
-from .prompts import SYSTEM, plan_prompt, replan_prompt, usable_tools
+from .prompts import SYSTEM, plan_prompt, replan_prompt, route_prompt, single_task_plan, usable_tools
 from .reconcile import reconcile
 
 log = structlog.get_logger("taskloom.planner")
 
 # A plan is one tool call holding every task: it needs more room than one executor step.
 PLAN_TOKENS_FACTOR = 4
+
+ROUTE_REASONS = {
+    "tool": "first plan: routed (the model called the goal's tools: one task)",
+    "text": "first plan: routed (the model answered directly: one task)",
+}
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -88,7 +98,7 @@ async def _resume(rt: Runtime, goal: GoalRecord, job: str) -> None:
     if goal.state is GoalState.RUNNING:
         await _dispatch_and_review(rt, goal.id, await rt.store.get_plan(goal.id, goal.plan_version))
     elif goal.state is GoalState.REVIEWING:
-        await rt.jobs.enqueue(ReviewGoalJob(goal_id=goal.id, plan_version=goal.plan_version))
+        await _enqueue_final(rt, goal.id, await rt.store.get_plan(goal.id, goal.plan_version))
     else:
         # Ended (no model call, nothing to do), or a replan is under way and will dispatch itself.
         log.info(f"{job}.skipped", state=goal.state.value)
@@ -105,14 +115,19 @@ def _offered(rt: Runtime, goal: GoalRecord, catalog: list[ToolDef], also: str = 
     return select_tools(usable_tools(catalog, goal.goal.allowed_tools), text, rt.limits.tool_select_limit)
 
 
-async def _ask(rt: Runtime, goal: GoalRecord, prompt: str, purpose: str) -> FormOutcome[Plan] | None:
+def _validator(rt: Runtime, goal: GoalRecord, catalog: list[ToolDef]) -> Callable[[Plan], list[str]]:
     # Any tool of the catalog is accepted in a plan, also one the prompt did not list.
-    known = [t.name for t in await rt.tool_definitions()]
+    known = [t.name for t in catalog]
     allowed = set(goal.goal.allowed_tools) if goal.goal.allowed_tools is not None else None
 
     def validate(p: Plan) -> list[str]:
         return validate_plan(p, known_tools=known, allowed_tools=allowed, max_tasks=rt.limits.max_plan_tasks)
 
+    return validate
+
+
+async def _ask(rt: Runtime, goal: GoalRecord, prompt: str, purpose: str) -> FormOutcome[Plan] | None:
+    validate = _validator(rt, goal, await rt.tool_definitions())
     return await rt.within_budget(
         goal.id,
         ask_for_plan(
@@ -141,13 +156,43 @@ async def _first_plan(rt: Runtime, goal: GoalRecord) -> StoredPlan | None:
         await _stop(rt, goal.id, GoalState.FAILED, reason)
         return None
     tools = _offered(rt, goal, catalog)
-    outcome = await _ask(rt, goal, plan_prompt(goal.goal, tools, rt.limits.max_plan_tasks), "plan")
+    if any(t.name == PLAN_TOOL_DEF.name for t in tools):
+        # A loaded tool shadows submit_plan: the model could not tell them apart, so plan forced.
+        outcome = await _ask(rt, goal, plan_prompt(goal.goal, tools, rt.limits.max_plan_tasks), "plan")
+    else:
+        routed = await _route(rt, goal, tools, catalog)
+        if routed is None:
+            return None
+        if routed.turn is not None:
+            plan = single_task_plan(goal.goal, [t.name for t in tools] if routed.route == "tool" else [])
+            why = ROUTE_REASONS[routed.route]
+            return await _store(
+                rt, goal.id, plan, expected_version=0, reason=why, route=routed.route, first_turn=routed.turn
+            )
+        outcome = routed.outcome
     if outcome is None:
         return None
     if outcome.value is None:
         await _stop(rt, goal.id, GoalState.FAILED, _no_plan_reason(outcome))
         return None
     return await _store(rt, goal.id, outcome.value, expected_version=0, reason="first plan")
+
+
+async def _route(rt: Runtime, goal: GoalRecord, tools: list[ToolDef], catalog: list[ToolDef]) -> Routed | None:
+    """The first planning call, route first: the goal's tools and submit_plan are offered together."""
+    return await rt.within_budget(
+        goal.id,
+        ask_routed(
+            rt.model_for(goal.id),
+            system=SYSTEM,
+            prompt=route_prompt(goal.goal, rt.limits.max_plan_tasks),
+            tools=tools,
+            validate=_validator(rt, goal, catalog),
+            attempts=rt.limits.max_plan_attempts,
+            max_tokens=rt.limits.model_max_tokens * PLAN_TOKENS_FACTOR,
+            metadata={"goal_id": goal.id, "role": "planner", "purpose": "plan"},
+        ),
+    )
 
 
 async def _new_plan(
@@ -177,18 +222,30 @@ async def _new_plan(
     return await _store(rt, goal.id, outcome.value, expected_version=current.version, reason=why)
 
 
-async def _store(rt: Runtime, goal_id: str, new: Plan, *, expected_version: int, reason: str) -> StoredPlan | None:
+async def _store(
+    rt: Runtime,
+    goal_id: str,
+    new: Plan,
+    *,
+    expected_version: int,
+    reason: str,
+    route: PlanRoute = "plan",
+    first_turn: ModelResponse | None = None,
+) -> StoredPlan | None:
     """Save the plan; if another run saved this version first, continue with the one it stored."""
     if (await rt.store.get_goal(goal_id)).terminal:
         log.info("plan.discarded", reason="the goal ended while the plan was being made")
         return None
     try:
-        version = await rt.store.save_plan(goal_id, new, expected_version=expected_version, reason=reason)
+        version = await rt.store.save_plan(
+            goal_id, new, expected_version=expected_version, reason=reason, route=route, first_turn=first_turn
+        )
     except StaleWrite:
         log.info("plan.already_stored", expected_version=expected_version)
         return await rt.store.get_plan(goal_id, expected_version + 1)
     log.info("plan.stored", version=version, tasks=[t.id for t in new.tasks])
-    return await rt.store.get_plan(goal_id, version)
+    # What was just written, without reading it back.
+    return StoredPlan(goal_id=goal_id, version=version, plan=new, reason=reason, route=route, first_turn=first_turn)
 
 
 async def _finish_replan(rt: Runtime, goal: GoalRecord, old: Plan, new: StoredPlan) -> None:
@@ -211,18 +268,34 @@ async def _dispatch_and_review(rt: Runtime, goal_id: str, stored: StoredPlan) ->
     """Dispatch every ready task; when every task of the plan is done, hand the goal to review."""
     records = await rt.store.get_tasks(goal_id)
     states = {tid: rec.state for tid, rec in records.items()}
-    async with rt.jobs.batch():  # the executors are woken once for all the tasks dispatched here
-        for tid in ready_tasks(stored.plan, states):
-            if tid in records:
-                await _dispatch(rt, records[tid])
-        for spec in stored.plan.tasks:
-            rec = records.get(spec.id)
-            if rec is not None and rec.state is TaskState.READY:
-                # Claimed by a run that stopped before its enqueue; the deterministic job id dedupes.
-                await rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=rec.task_id, attempt=rec.attempt))
+    # Every ready task at once: each dispatch is independent (its own atomic claim and job id), and
+    # the last one dispatched is on the goal's critical path, so none waits for the others' round trips.
+    dispatches: list[Coroutine[Any, Any, Any]] = [
+        _dispatch(rt, records[tid]) for tid in ready_tasks(stored.plan, states) if tid in records
+    ]
+    for spec in stored.plan.tasks:
+        rec = records.get(spec.id)
+        if rec is not None and rec.state is TaskState.READY:
+            # Claimed by a run that stopped before its enqueue; the deterministic job id dedupes.
+            dispatches.append(rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=rec.task_id, attempt=rec.attempt)))
+    if len(dispatches) > 1:
+        async with rt.jobs.batch():  # the executors are woken once, after the last of these enqueues
+            await _all(dispatches)
+    else:
+        await _all(dispatches)  # a single job's wake-up goes in its enqueue script (no extra round trip)
     if all_done(stored.plan, states) and await _move_goal(rt, goal_id, GoalState.REVIEWING):
-        await rt.jobs.enqueue(ReviewGoalJob(goal_id=goal_id, plan_version=stored.version))
+        await _enqueue_final(rt, goal_id, stored, records)
         log.info("plan.all_done", version=stored.version)
+
+
+async def _enqueue_final(
+    rt: Runtime, goal_id: str, stored: StoredPlan, records: dict[str, TaskRecord] | None = None
+) -> None:
+    """The final answer's job, for the accepted attempts. A speculative job the critic started for
+    the same attempts has the same id (no second call); once it has run, the critic concludes."""
+    records = records if records is not None else await rt.store.get_tasks(goal_id)
+    key = accepted_key(stored.plan, records) or ""
+    await rt.jobs.enqueue(ReviewGoalJob(goal_id=goal_id, plan_version=stored.version, attempts=key))
 
 
 async def _dispatch(rt: Runtime, rec: TaskRecord) -> None:
@@ -251,6 +324,15 @@ async def _dispatch(rt: Runtime, rec: TaskRecord) -> None:
 
 
 # -- small I/O helpers ------------------------------------------------------------------------
+
+
+async def _all(steps: list[Coroutine[Any, Any, Any]]) -> None:
+    """Run independent steps concurrently; every one runs to its end before the first error is
+    raised (a failed enqueue is re-done by the job's re-run, as when they ran one by one)."""
+    outcomes = await asyncio.gather(*steps, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def _accepted_results(

@@ -7,30 +7,22 @@ model, which matches tool names in the prompt) plans with the tools it is told a
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from bus.schemas import Goal, Plan, TaskRecord, TaskResult, TaskState
+from bus.schemas import Goal, Plan, TaskRecord, TaskResult, TaskSpec, TaskState
 from llm.types import ToolDef
 
 PLAN_TOOL = "submit_plan"
-PLAN_TOOL_DESCRIPTION = (
-    "Submit the plan: a DAG of tasks. Each task has a short unique id, a title, instructions for the "
-    "worker that runs it, the ids it depends on, a definition of done the reviewer checks, and the "
-    "names of the tools it may use."
-)
+PLAN_TOOL_DESCRIPTION = "Submit the plan: a DAG of tasks."
 
-SYSTEM = """You are the planner of a team of AI workers. Turn the goal into a plan: a small DAG of tasks.
-
-Rules:
-- Call the submit_plan tool exactly once with the whole plan; do not answer in text.
-- Keep tasks independent and parallel whenever they can be: a task depends only on the tasks whose \
-results it needs (depends_on lists their ids). The dependencies must not form a cycle.
-- Each task must be doable by one worker with the tools listed for it, and its instructions must \
-say everything that worker needs: it sees only its instructions and the results of its dependencies.
-- A task's definition of done is a concrete, checkable statement of what its result must contain.
-- Only use tools from the list you are given, by their exact names. A task that needs no tool lists none.
-- Use as few tasks as the goal needs; when a final answer combines several results, end with a task \
-that depends on them and writes it."""
+SYSTEM = """You are the planner of a team of AI workers. If one worker can do the goal alone, step \
+by step, start it: call the goal's tools now (that worker continues from your call), or answer in \
+text when no tool is needed. Otherwise call submit_plan once with a small DAG of tasks:
+- tasks run in parallel unless one needs another's result (depends_on; no cycles);
+- instructions say all a worker needs: it sees only them and its dependencies' results;
+- a definition of done is a concrete, checkable statement of what the result must contain;
+- only the tools you are given, by exact name;
+- as few tasks as the goal needs; the team writes the final answer from their results."""
 
 MAX_DESCRIPTION = 200  # characters of a tool description shown in the prompt
 
@@ -60,7 +52,7 @@ def _goal_section(goal: Goal) -> str:
 
 
 def plan_prompt(goal: Goal, tools: list[ToolDef], max_tasks: int) -> str:
-    """The first user message of a planning conversation."""
+    """The first user message of a forced planning conversation (tools listed by name)."""
     return "\n\n".join(
         [
             _goal_section(goal),
@@ -68,6 +60,31 @@ def plan_prompt(goal: Goal, tools: list[ToolDef], max_tasks: int) -> str:
             f"Make a plan of at most {max_tasks} tasks and submit it with the submit_plan tool.",
         ]
     )
+
+
+def route_prompt(goal: Goal, max_tasks: int) -> str:
+    """The first user message of the route-first call: the tools come as definitions, not as a list."""
+    return "\n\n".join([_goal_section(goal), f"Start the goal, or submit a plan of at most {max_tasks} tasks."])
+
+
+ROUTED_TASK_ID = "goal"
+ROUTED_INSTRUCTIONS = "Carry out the goal above and answer it."
+DEFAULT_GOAL_DOD = "The answer fully and correctly answers the goal."
+
+
+def single_task_plan(goal: Goal, tools: Sequence[str]) -> Plan:
+    """The plan of a routed goal: one task that is the whole goal (its first step is the planner's
+    turn), done when the goal's own definition of done (or check) holds."""
+    dod = goal.definition_of_done.strip() or DEFAULT_GOAL_DOD
+    spec = TaskSpec(
+        id=ROUTED_TASK_ID,
+        title="The goal",
+        instructions=ROUTED_INSTRUCTIONS,
+        definition_of_done=dod[:2000],
+        tools=list(tools),
+        check=goal.check,
+    )
+    return Plan(tasks=[spec], rationale="routed: one worker does the whole goal")
 
 
 def _truncate(text: str, limit: int) -> str:

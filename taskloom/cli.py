@@ -273,6 +273,30 @@ def health(
     raise typer.Exit(0 if report.ok else EXIT_NOT_FOUND)
 
 
+ReviewOpt = Annotated[
+    str | None,
+    typer.Option("--review", help="model review: every_task (default), final_only or none"),
+]
+CheckOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--check",
+        help='machine check of the answer, JSON: {"tools_called": [...], "pattern": "...", "json_schema": {...}}',
+    ),
+]
+
+
+def _review_and_check(raw: dict[str, Any], review: str | None, check: str | None) -> None:
+    """--review and --check into the goal (validated with it); a --check that is not JSON exits 2."""
+    if review is not None:
+        raw["review"] = review
+    if check is not None:
+        try:
+            raw["check"] = json.loads(check)
+        except ValueError as exc:
+            _fail(EXIT_INVALID, f"invalid goal: --check: expected a JSON object, got {check!r} ({exc})")
+
+
 @app.command()
 def submit(
     text: GoalText,
@@ -283,6 +307,8 @@ def submit(
     tool: Annotated[list[str] | None, typer.Option("--tool", help="allowed tool (repeatable; default all)")] = None,
     meta: Annotated[list[str] | None, typer.Option("--meta", help="metadata KEY=VALUE (repeatable)")] = None,
     deadline: Annotated[str | None, typer.Option(help="ISO 8601 time with zone, e.g. 2026-10-13T18:00Z")] = None,
+    review: ReviewOpt = None,
+    check: CheckOpt = None,
     goal_id: Annotated[
         str | None,
         typer.Option("--id", help="your own goal id (makes re-submitting safe)", callback=_goal_id_option),
@@ -311,6 +337,7 @@ def submit(
             raw["deadline"] = datetime.fromisoformat(deadline.replace("Z", "+00:00"))
         except ValueError:
             _fail(EXIT_INVALID, f"invalid goal: deadline: expected an ISO 8601 time, got {deadline!r}")
+    _review_and_check(raw, review, check)
     # Validate before touching Redis, so an invalid goal stores nothing and needs no server.
     try:
         goal = Goal.model_validate(raw)
@@ -368,6 +395,7 @@ def status(goal_id: str, as_json: JsonOpt = False) -> None:
     g = s.goal
     show((g.id, "bold"), "  ", (g.state.value, "cyan"), f"  budget {g.budget_tokens:,} tokens  plan v{g.plan_version}")
     show("goal: ", g.goal.text)
+    show("review: ", g.goal.review + ("  (machine check)" if g.goal.check is not None else ""))
     if g.reason:
         show("reason: ", g.reason)
     if trace_id_of(g.traceparent):
@@ -720,6 +748,8 @@ def run(
     dod: Annotated[str, typer.Option("--dod", help="definition of done")] = "",
     budget: Annotated[int | None, typer.Option(help="token budget")] = None,
     local: Annotated[bool, typer.Option(help="run planner, executor and critic in this process")] = False,
+    review: ReviewOpt = None,
+    check: CheckOpt = None,
     timeout: Annotated[
         float | None, typer.Option(help="stop watching after this many seconds (exit 4)", callback=_seconds)
     ] = None,
@@ -729,6 +759,7 @@ def run(
     raw: dict[str, Any] = {"text": _goal_text(text), "definition_of_done": dod}
     if budget is not None:
         raw["budget_tokens"] = budget
+    _review_and_check(raw, review, check)
     try:
         goal = Goal.model_validate(raw)
     except ValidationError as exc:

@@ -112,6 +112,12 @@ async def test_submit_with_idempotency_key_maps_to_the_goal_id(api: Api) -> None
     assert other.status_code == 409 and error_of(other)["field"] == "Idempotency-Key"
     record = await api.client.get("order-42-refund")
     assert record.goal.text == "refund order 42" and record.budget_tokens == 50_000
+    assert record.goal.review == "every_task" and record.goal.check is None
+    checked = {"text": "check it", "review": "final_only", "check": {"pattern": "^ok"}}
+    made = await api.http.post("/v1/goals", json=checked, headers=api.auth("submitter"))
+    assert made.status_code == 201, made.text
+    shown = (await api.http.get(f"/v1/goals/{made.json()['goal_id']}", headers=api.auth("reader"))).json()
+    assert shown["goal"]["goal"]["review"] == "final_only" and shown["goal"]["goal"]["check"]["pattern"] == "^ok"
     bad = await api.http.post("/v1/goals", json={"text": "x"}, headers={**h, "Idempotency-Key": "no spaces!"})
     assert bad.status_code == 422 and error_of(bad)["field"] == "Idempotency-Key"
 
@@ -138,6 +144,8 @@ async def test_bad_input_gets_a_named_4xx_and_stores_nothing(api: Api, redis: Ar
         ),
         ({"content": b"text=x", "headers": {"content-type": "application/x-www-form-urlencoded"}}, 422, None),
         ({"json": {"text": "x", "metadata": {"k": 1}}}, 422, "metadata.k"),
+        ({"json": {"text": "x", "review": "sometimes"}}, 422, "review"),
+        ({"json": {"text": "x", "check": {"pattern": "("}}}, 422, "check.pattern"),
     ]
     for kwargs, status, fld in cases:
         headers = {**h, **kwargs.pop("headers", {})}

@@ -4,6 +4,7 @@ CI does not assert on their numbers)."""
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,7 @@ def test_responder_plans_the_shape_the_goal_asks_for() -> None:
     body = {
         "system": PLANNER_SYSTEM,
         "tool_choice": {"type": "tool", "name": PLAN_TOOL},
+        "tools": [{"name": PLAN_TOOL, "input_schema": {"type": "object"}}],
         "messages": [{"role": "user", "content": goal_text(2, 3, 1)}],
     }
     req = RecordedRequest("POST", "/v1/messages", {}, body, "req_1", 0.0)
@@ -36,6 +38,23 @@ def test_responder_plans_the_shape_the_goal_asks_for() -> None:
     plan = reply.content[0]["input"]
     assert plan == plan_for(2, 3, 1)
     assert [t["depends_on"] for t in plan["tasks"]][:3] == [[], ["c0-t0"], ["c0-t1"]]
+
+
+def test_responder_routes_a_one_task_goal_and_plans_a_wider_one() -> None:
+    """Route first: offered `fetch` beside submit_plan, the responder calls fetch itself for a goal of one
+    task, as a model would, and submits a plan for a wider one."""
+    tools = [{"name": "fetch", "input_schema": {"type": "object"}}, {"name": PLAN_TOOL, "input_schema": {}}]
+
+    def reply_to(width: int) -> dict[str, Any]:
+        messages = [{"role": "user", "content": goal_text(width, 1, 1)}]
+        body = {"system": PLANNER_SYSTEM, "tools": tools, "messages": messages}
+        reply = Responder()(RecordedRequest("POST", "/v1/messages", {}, body, "req_1", 0.0))
+        assert isinstance(reply, Reply)
+        block: dict[str, Any] = reply.content[0]
+        return block
+
+    assert reply_to(1)["name"] == "fetch"
+    assert reply_to(2)["name"] == PLAN_TOOL
 
 
 async def test_tokens_smallest_configuration(redis_url: str) -> None:

@@ -23,7 +23,8 @@ from test_e2e import Scenario, _first_user, fleet, role_of, spec, worker_env
 from bus.client import Client
 from bus.keys import Keys
 from bus.schemas import GoalState
-from llm.testing import FakeAnthropicServer, RecordedRequest, Script, text_reply, tool_reply
+from critic.prompts import FINAL_TOOL
+from llm.testing import FakeAnthropicServer, RecordedRequest, Script, tool_reply
 from planner.prompts import PLAN_TOOL
 from taskloom.api.auth import entry_for
 
@@ -101,8 +102,9 @@ class WipeAware(Scenario):
     """Goals whose text contains GATED get one task `w` calling the approval-gated `wipe` tool; others a -> b."""
 
     def __call__(self, req: RecordedRequest) -> Script:
-        if role_of(req) == "answer" and "<script>" in _first_user(req):
-            return text_reply(MODEL_MARKUP)  # a model's text is data too
+        if role_of(req) == "goal_review" and "<script>" in _first_user(req):
+            final = {"answer": MODEL_MARKUP, "passed": True, "action": "accept", "feedback": "ok"}
+            return tool_reply([(FINAL_TOOL, final)])  # a model's text is data too
         if role_of(req) == "planner":
             gated = GATED in _first_user(req)
             tasks = [spec("w", tools=("wipe",))] if gated else [spec("a"), spec("b", deps=("a",))]

@@ -25,7 +25,7 @@ from llm import DemoModel
 from llm.anthropic import AnthropicModel
 from llm.demo import DEADLINE_DOD, FEEDBACK
 from llm.port import ModelPort
-from llm.testing import FakeAnthropicServer, Reply, text_reply, tool_reply
+from llm.testing import FakeAnthropicServer, Reply, tool_reply
 
 
 @pytest.fixture
@@ -40,6 +40,11 @@ def runtime(redis: ArqRedis, keys: Keys, model: ModelPort, **limits: Any) -> Run
 
 def sdk(server: FakeAnthropicServer) -> AnthropicModel:
     return AnthropicModel("claude-test", api_key="sk-ant-test", base_url=server.base_url, max_retries=0)
+
+
+def final(answer: str, passed: bool, action: str, feedback: str = "") -> Reply:
+    body = {"answer": answer, "passed": passed, "action": action, "feedback": feedback}
+    return tool_reply([("submit_final", body)])
 
 
 def verdict(passed: bool, action: str, feedback: str = "") -> Reply:
@@ -110,17 +115,43 @@ async def verdicts(rt: Runtime) -> list[Event]:
 # -- task review ------------------------------------------------------------------------------
 
 
-async def test_accept_marks_done_and_asks_to_advance(redis: ArqRedis, keys: Keys) -> None:
-    """An accepted attempt: task done, advance job enqueued, one critic.verdict event."""
+async def test_accepting_the_only_task_concludes_the_goal_with_its_answer(redis: ArqRedis, keys: Keys) -> None:
+    """A goal of one task: its review is the goal's review, and its accepted answer the goal's answer
+    (no advance, no final-answer call); one critic.verdict event."""
     rt = runtime(redis, keys, DemoModel(latency=0))
     await running_goal(rt, task("t"))
     await in_review(rt, "t")
     await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
     rec = await rt.store.get_task("g1", "t")
     assert rec.state is TaskState.DONE and rec.attempt == 1
-    assert await queued(rt, "planner") == ids(rt, AdvanceJob(goal_id="g1", task_id="t", attempt=1))
+    goal = await rt.store.get_goal("g1")
+    assert goal.state is GoalState.SUCCEEDED and goal.answer == "ANSWER: 42"
+    assert await queued(rt, "planner") == set() and await queued(rt, "critic") == set()
     [event] = await verdicts(rt)
     assert event.task_id == "t" and event.data["passed"] is True and event.data["action"] == "accept"
+
+
+async def test_accept_asks_to_advance_only_when_a_task_waits_or_the_final_answer_is_missing(
+    redis: ArqRedis, keys: Keys
+) -> None:
+    """a has a dependent: accepting it asks the planner to dispatch. b and c have none: accepting b
+    (c still open) enqueues nothing for the planner; accepting c, the last, with no final answer
+    written for these attempts, hands the goal to the planner for its final review."""
+    rt = runtime(redis, keys, DemoModel(latency=0))
+    await running_goal(rt, task("a"), task("b"), task("d", "a"), task("c"))
+    for tid in ("a", "b"):
+        await in_review(rt, tid)
+    await review(rt, ReviewJob(goal_id="g1", task_id="a", attempt=1))
+    assert await queued(rt, "planner") == ids(rt, AdvanceJob(goal_id="g1", task_id="a", attempt=1))
+    await review(rt, ReviewJob(goal_id="g1", task_id="b", attempt=1))
+    assert await queued(rt, "planner") == ids(rt, AdvanceJob(goal_id="g1", task_id="a", attempt=1))
+    for tid in ("d", "c"):
+        await in_review(rt, tid)
+    await rt.jobs.redis.delete(rt.keys.queue("critic"))  # the speculative final answer's job: never run
+    await review(rt, ReviewJob(goal_id="g1", task_id="d", attempt=1))
+    await review(rt, ReviewJob(goal_id="g1", task_id="c", attempt=1))
+    assert rt.jobs.job_id(AdvanceJob(goal_id="g1", task_id="c", attempt=1)) in await queued(rt, "planner")
+    assert (await rt.store.get_goal("g1")).state is GoalState.RUNNING
 
 
 async def test_rejection_retries_with_the_feedback(redis: ArqRedis, keys: Keys) -> None:
@@ -138,6 +169,7 @@ async def test_rejection_retries_with_the_feedback(redis: ArqRedis, keys: Keys) 
         "action": "retry",
         "feedback": FEEDBACK,
         "attempt": 1,
+        "review": "every_task",
         "deterministic": False,
     }
     # A re-delivered review of attempt 1 only re-enqueues attempt 2: no second verdict.
@@ -247,16 +279,15 @@ async def test_ended_goal_gets_no_model_call(redis: ArqRedis, keys: Keys, fake: 
 async def test_goal_review_pass_succeeds_with_the_answer(
     redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
 ) -> None:
-    """The final answer is written from the accepted results, checked against the goal's DoD, and stored."""
+    """The final answer is written from the accepted results and judged against the goal's DoD in one
+    forced call, and stored."""
     rt = runtime(redis, keys, sdk(fake))
     await reviewing_goal(rt)
-    fake.enqueue(text_reply("FINAL: the answer is 42"), verdict(True, "accept", "meets it"))
+    fake.enqueue(final("FINAL: the answer is 42", True, "accept", "meets it"))
     await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
-    write, check = fake.message_requests
-    assert all(s in json.dumps(write.body) for s in ("GOAL-TEXT", "RESULT-A: 40", "RESULT-B: 42"))
-    assert "tool_choice" not in write.body or write.body["tool_choice"] is None
-    assert all(s in json.dumps(check.body) for s in ("GOAL-DOD", "FINAL: the answer is 42"))
-    assert check.body["tool_choice"] == {"type": "tool", "name": "submit_verdict"}
+    [call] = fake.message_requests
+    assert all(s in json.dumps(call.body) for s in ("GOAL-TEXT", "GOAL-DOD", "RESULT-A: 40", "RESULT-B: 42"))
+    assert call.body["tool_choice"] == {"type": "tool", "name": "submit_final"}
     goal = await rt.store.get_goal("g1")
     assert goal.state is GoalState.SUCCEEDED and goal.answer == "FINAL: the answer is 42"
     [event] = await verdicts(rt)
@@ -267,7 +298,7 @@ async def test_goal_review_fail_replans(redis: ArqRedis, keys: Keys, fake: FakeA
     """A final answer that misses the goal's DoD sends the goal to replanning with the feedback."""
     rt = runtime(redis, keys, sdk(fake))
     await reviewing_goal(rt)
-    fake.enqueue(text_reply("FINAL: maybe"), verdict(False, "replan", "no number given"))
+    fake.enqueue(final("FINAL: maybe", False, "replan", "no number given"))
     await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
     goal = await rt.store.get_goal("g1")
     assert goal.state is GoalState.REPLANNING and goal.answer is None
@@ -276,7 +307,7 @@ async def test_goal_review_fail_replans(redis: ArqRedis, keys: Keys, fake: FakeA
     assert event.data["passed"] is False and event.data["feedback"] == "no number given"
     # Re-delivered: nothing new is asked of the model.
     await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
-    assert len(fake.message_requests) == 2
+    assert len(fake.message_requests) == 1
 
 
 async def test_goal_review_with_the_demo_model(redis: ArqRedis, keys: Keys) -> None:

@@ -20,7 +20,7 @@ from helpers import TASKLOOM, eventually, fake_model_env, run_cli
 from bus.client import Client
 from bus.keys import Keys
 from bus.schemas import GoalState, TaskState
-from critic.prompts import ANSWER_SYSTEM, GOAL_REVIEW_SYSTEM, REVIEW_SYSTEM
+from critic.prompts import FINAL_SYSTEM, FINAL_TOOL, REVIEW_SYSTEM
 from executor.loop import SYSTEM as EXECUTOR_SYSTEM
 from llm.testing import (
     Failure,
@@ -59,15 +59,16 @@ def _tool_results(req: RecordedRequest) -> list[dict[str, Any]]:
 
 
 def role_of(req: RecordedRequest) -> str:
-    """planner | review | goal_review | answer | executor | unknown."""
+    """planner | review | goal_review (the final answer and its verdict, one call) | executor | unknown."""
     forced = (req.body.get("tool_choice") or {}).get("name")
     system = _system(req)
-    if forced == PLAN_TOOL and system == PLANNER_SYSTEM:
-        return "planner"
-    if forced == "submit_verdict":
-        return {REVIEW_SYSTEM: "review", GOAL_REVIEW_SYSTEM: "goal_review"}.get(system, "unknown")
-    if system == ANSWER_SYSTEM and not req.body.get("tools"):
-        return "answer"
+    offered = {t.get("name") for t in req.body.get("tools") or []}
+    if system == PLANNER_SYSTEM and PLAN_TOOL in offered:
+        return "planner"  # route first (the goal's tools beside submit_plan) or forced
+    if forced == "submit_verdict" and system == REVIEW_SYSTEM:
+        return "review"
+    if forced == FINAL_TOOL and system == FINAL_SYSTEM:
+        return "goal_review"
     if system == EXECUTOR_SYSTEM and "Your task (" in _first_user(req):
         return "executor"
     return "unknown"
@@ -101,6 +102,7 @@ def spec(tid: str, *, deps: tuple[str, ...] = (), tools: tuple[str, ...] = ()) -
 
 
 ACCEPT = {"passed": True, "action": "accept", "feedback": "ok"}
+FINAL = {"answer": "The final answer.", "passed": True, "action": "accept", "feedback": "ok"}
 
 
 @dataclass
@@ -129,9 +131,7 @@ class Scenario:
             verdict = self.verdicts.get((task_of(req) or "", review_attempt(req)), ACCEPT)
             return tool_reply([("submit_verdict", verdict)])
         elif role == "goal_review":
-            return tool_reply([("submit_verdict", ACCEPT)])
-        elif role == "answer":
-            return text_reply("The final answer.")
+            return tool_reply([(FINAL_TOOL, FINAL)])
         elif role == "executor":
             tid = task_of(req) or "?"
             calls = self.calls.get(tid, [])

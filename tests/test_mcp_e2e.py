@@ -14,7 +14,6 @@ from arq.connections import ArqRedis
 from helpers import demo_mcp_http, eventually, mcp_log
 from test_e2e import (
     ACCEPT,
-    _first_user,
     _spawn,
     _tool_results,
     fleet,
@@ -28,6 +27,7 @@ from test_e2e import (
 from bus.client import Client
 from bus.keys import Keys
 from bus.schemas import GoalState, TaskState
+from critic.prompts import FINAL_TOOL
 from llm.testing import (
     Failure,
     FakeAnthropicServer,
@@ -65,10 +65,10 @@ class Desk:
         role = role_of(req)
         if role == "planner":
             return tool_reply([(PLAN_TOOL, PLAN)])
-        if role in ("review", "goal_review"):
+        if role == "review":
             return tool_reply([("submit_verdict", ACCEPT)])
-        if role == "answer":
-            return text_reply("Refund of A100 issued.")
+        if role == "goal_review":
+            return tool_reply([(FINAL_TOOL, {**ACCEPT, "answer": "Refund of A100 issued."})])
         if role == "executor" and task_of(req) == "look":
             turns = [
                 [
@@ -135,9 +135,10 @@ async def test_a_goal_on_mcp_tools_only_with_approval_audit_and_crash_safety(
 
     assert goal.state is GoalState.SUCCEEDED, goal
     assert not model.unrouted
-    # The planner was offered the MCP tools, by their namespaced names.
+    # The planner was offered the MCP tools (route first: as definitions), by their provider-side names.
     [plan_request] = requests_of(fake, "planner")
-    assert "- desk.lookup_order:" in _first_user(plan_request) and "- pay.issue_refund:" in _first_user(plan_request)
+    offered = {t["name"] for t in plan_request.body["tools"]}
+    assert {"desk_lookup_order", "pay_issue_refund"} <= offered
 
     # From the HTTP server's own log: the refund started once, for one idempotency key.
     refunds = [line for line in mcp_log(pay_log) if line["tool"] == "issue_refund"]

@@ -22,10 +22,11 @@ from bus.ledger import Ledger
 from bus.metered import ModelFactory
 from bus.runtime import Limits, Runtime
 from bus.schemas import Goal, GoalRecord, GoalState, Plan, TaskResult, TaskState
+from bus.synthesis import accepted_key
 from llm import DemoModel
 from llm.anthropic import AnthropicModel
 from llm.port import ModelPort
-from llm.testing import FakeAnthropicServer, Reply, tool_reply
+from llm.testing import FakeAnthropicServer, Reply, text_reply, tool_reply
 from llm.types import ModelRequest, ModelResponse, ToolDef
 from planner.handlers import advance, plan, replan
 
@@ -125,6 +126,49 @@ async def test_plan_dispatches_exactly_the_independent_tasks(redis: ArqRedis, ke
     assert all(set(t.tools) <= {"lookup_order", "refund_policy"} for t in stored.plan.tasks)
 
 
+async def test_a_routed_first_call_is_stored_with_the_plan_and_never_asked_again(
+    redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
+) -> None:
+    """The model calls a goal's tool instead of planning: one task, its first turn stored with the plan
+    in one write, dispatched once. A re-delivered plan job asks no model and dispatches nothing new."""
+    rt = runtime(redis, keys, sdk(fake))
+    await new_goal(rt, text="Look up order A100.", definition_of_done="states its status", check={"pattern": "A100"})
+    fake.enqueue(tool_reply([("lookup_order", {"order_id": "A100"})]))
+    await plan(rt, PlanJob(goal_id="g1"))
+    stored = await rt.store.get_plan("g1")
+    assert stored.route == "tool" and stored.first_turn is not None
+    assert [u.name for u in stored.first_turn.tool_uses] == ["lookup_order"]
+    [spec] = stored.plan.tasks
+    assert (spec.id, spec.definition_of_done, spec.tools) == ("goal", "states its status", [t.name for t in CATALOG])
+    assert spec.check is not None and spec.check.pattern == "A100"
+    assert await states(rt) == {"goal": ("ready", 1)}
+    assert await queued(rt, "executor") == ids(rt, ExecuteJob(goal_id="g1", task_id="goal", attempt=1))
+    await plan(rt, PlanJob(goal_id="g1"))  # re-delivered
+    assert len(fake.message_requests) == 1 and await states(rt) == {"goal": ("ready", 1)}
+    assert len(await queued(rt, "executor")) == 1
+
+
+async def test_a_direct_answer_or_an_unclear_reply_is_handled(
+    redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
+) -> None:
+    """A text answer is a one-task plan with no tools; a reply cut off at max_tokens is asked again with
+    submit_plan forced (the goal's tools still defined, as the conversation refers to them)."""
+    rt = runtime(redis, keys, sdk(fake))
+    await new_goal(rt, text="Say hello.", gid="g1")
+    fake.enqueue(text_reply("Hello."))
+    await plan(rt, PlanJob(goal_id="g1"))
+    direct = await rt.store.get_plan("g1")
+    assert direct.route == "text" and direct.plan.tasks[0].tools == [] and direct.first_turn is not None
+    await new_goal(rt, gid="g2")
+    fake.enqueue(text_reply("Let me think", stop_reason="max_tokens"), plan_reply(task("a"), task("b")))
+    await plan(rt, PlanJob(goal_id="g2"))
+    forced = fake.message_requests[-1].body
+    assert forced["tool_choice"] == {"type": "tool", "name": "submit_plan"}
+    assert {t["name"] for t in forced["tools"]} == {t.name for t in CATALOG} | {"submit_plan"}
+    second = await rt.store.get_plan("g2")
+    assert second.route == "plan" and [t.id for t in second.plan.tasks] == ["a", "b"]
+
+
 async def test_plan_prompt_lists_the_allowed_tools(redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer) -> None:
     """The planner prompt has the goal, its definition of done and only the tools the goal allows."""
     rt = runtime(redis, keys, sdk(fake))
@@ -134,8 +178,9 @@ async def test_plan_prompt_lists_the_allowed_tools(redis: ArqRedis, keys: Keys, 
     [request] = fake.message_requests
     text = json.dumps(request.body["messages"])
     assert "A100" in text and "one line per order" in text
-    assert "lookup_order: Look up an order" in text and "refund_policy" not in text
-    assert request.body["tool_choice"] == {"type": "tool", "name": "submit_plan"}
+    # Route first: the allowed tools are offered as definitions beside submit_plan, the model chooses.
+    assert [t["name"] for t in request.body["tools"]] == ["lookup_order", "submit_plan"]
+    assert request.body.get("tool_choice") in (None, {"type": "auto"})
     assert (await rt.store.get_goal("g1")).state is GoalState.RUNNING
 
 
@@ -148,9 +193,9 @@ async def test_a_large_catalog_is_narrowed_by_the_goals_words_but_any_tool_may_b
     fake.enqueue(plan_reply(task("a", tools=("lookup_order", "refund_policy"))))
     await plan(rt, PlanJob(goal_id="g1"))
     [request] = fake.message_requests
-    text = json.dumps(request.body["messages"])
-    assert "check_refund_eligibility:" in text and "refund_policy:" in text
-    assert "lookup_order:" not in text  # ranked below the two refund tools for this goal
+    offered = {t["name"] for t in request.body["tools"]}
+    # lookup_order ranks below the two refund tools for this goal.
+    assert offered == {"check_refund_eligibility", "refund_policy", "submit_plan"}
     assert (await rt.store.get_goal("g1")).state is GoalState.RUNNING  # lookup_order was accepted
 async def test_a_goal_allowing_an_unknown_tool_fails_without_a_model_call(
     redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
@@ -279,7 +324,9 @@ async def test_dependent_task_waits_for_all_its_dependencies(redis: ArqRedis, ke
     await accept(rt, "g1", "d")
     await advance(rt, AdvanceJob(goal_id="g1", task_id="d", attempt=1))
     assert (await rt.store.get_goal("g1")).state is GoalState.REVIEWING
-    assert await queued(rt, "critic") == ids(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
+    key = accepted_key((await rt.store.get_plan("g1")).plan, await rt.store.get_tasks("g1"))
+    assert key is not None
+    assert await queued(rt, "critic") == ids(rt, ReviewGoalJob(goal_id="g1", plan_version=1, attempts=key))
 
 
 async def test_concurrent_advances_dispatch_the_dependent_task_once(
@@ -362,7 +409,8 @@ async def test_replan_of_only_accepted_work_goes_straight_to_review(
     fake.enqueue(plan_reply(task("a")))
     await replan(rt, ReplanJob(goal_id="g1", plan_version=1))
     assert (await rt.store.get_goal("g1")).state is GoalState.REVIEWING
-    assert await queued(rt, "critic") == ids(rt, ReviewGoalJob(goal_id="g1", plan_version=2))
+    key = accepted_key((await rt.store.get_plan("g1")).plan, await rt.store.get_tasks("g1"))
+    assert await queued(rt, "critic") == ids(rt, ReviewGoalJob(goal_id="g1", plan_version=2, attempts=key or ""))
     assert await queued(rt, "executor") == set()
 
 

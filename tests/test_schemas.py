@@ -27,7 +27,8 @@ def test_submit_plan_schema_keeps_the_contract_field_names() -> None:
     """The `submit_plan` input schema exposes exactly the TaskSpec fields of the model protocol."""
     schema = json_schema(Plan)
     task = schema["$defs"]["TaskSpec"]["properties"]
-    assert set(task) == {"id", "title", "instructions", "depends_on", "definition_of_done", "tools"}
+    assert set(task) == {"id", "title", "instructions", "depends_on", "definition_of_done", "tools", "check"}
+    assert set(schema["$defs"]["Check"]["properties"]) == {"tools_called", "pattern", "json_schema"}
     assert schema["required"] == ["tasks"]
     assert set(json_schema(Verdict)["properties"]) == {"passed", "feedback", "action"}
     assert json_schema(Verdict)["properties"]["action"]["enum"] == ["accept", "retry", "replan"]

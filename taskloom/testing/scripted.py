@@ -5,6 +5,13 @@ It is a `ModelPort` like the production models, so its calls go through the goal
 (`llm.testing`) counts it, so a scripted run spends the same tokens in-process and against real
 workers.
 
+The roles are the calls taskloom makes: `planner` (its first call offers the goal's tools beside
+`submit_plan`, so a script may reply with a plan, a call of the goal's tools, which makes the goal
+one task starting with that call, or text, the goal's answer), `executor`, `review` (a task), and
+`goal_review` (a goal of several tasks: the final answer and its verdict in one `submit_final` call;
+the `answer` script writes the answer part when `goal_review` gives a verdict). A goal of one task
+makes no final-answer call.
+
 Who is asking is read from the request's `metadata` (the labels every role sets and no provider
 sees); a request without them (one that came over HTTP, see `taskloom.testing.parity`) is told apart
 by its system prompt, and its task by the prompt's first line about it.
@@ -19,8 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bus.schemas import TaskSpec, Verdict
-from critic.prompts import ANSWER_SYSTEM, GOAL_REVIEW_SYSTEM, REVIEW_SYSTEM, VERDICT_TOOL
+from bus.schemas import FinalVerdict, TaskSpec, Verdict
+from critic.prompts import FINAL_SYSTEM, FINAL_TOOL, REVIEW_SYSTEM, VERDICT_TOOL
 from executor.loop import SYSTEM as EXECUTOR_SYSTEM
 from llm.errors import TerminalModelError
 from llm.testing import Failure, RecordedRequest, error_body, reply_from_response, request_from_wire
@@ -117,6 +124,12 @@ def verdict(action: Literal["accept", "retry", "replan"], feedback: str = "") ->
     return tool_calls((VERDICT_TOOL, body))
 
 
+def final(answer: str, action: Literal["accept", "replan"] = "accept", feedback: str = "") -> ModelResponse:
+    """The critic's `submit_final` call: the goal's final answer and the verdict on it, in one."""
+    body = FinalVerdict(answer=answer, passed=action == "accept", action=action, feedback=feedback)
+    return tool_calls((FINAL_TOOL, body.model_dump(mode="json")))
+
+
 def accept(feedback: str = "meets the definition of done") -> ModelResponse:
     return verdict("accept", feedback)
 
@@ -137,10 +150,9 @@ _SYSTEMS: dict[str, Role] = {
     PLANNER_SYSTEM: "planner",
     EXECUTOR_SYSTEM: "executor",
     REVIEW_SYSTEM: "review",
-    GOAL_REVIEW_SYSTEM: "goal_review",
-    ANSWER_SYSTEM: "answer",
+    FINAL_SYSTEM: "goal_review",
 }
-_PURPOSES: dict[str, Role] = {"review": "review", "review_goal": "goal_review", "final_answer": "answer"}
+_PURPOSES: dict[str, Role] = {"review": "review", "review_goal": "goal_review"}
 _TASK_LINE = re.compile(r"^Your task \(([^)]+)\)|^Task '([^']+)':", re.M)
 _ATTEMPT_LINE = re.compile(r"^Answer \(attempt (\d+)\):", re.M)
 
@@ -285,6 +297,8 @@ class ScriptedModel:
             role = role_of(request)
             tid = task_of(request)
             reply = self._pick(role, tid, request)
+            if role == "goal_review":
+                reply = self._final(reply, request)
             response = self._finish(reply, request)
         except UnscriptedRequest as exc:
             with self._lock:
@@ -321,6 +335,22 @@ class ScriptedModel:
             raise UnscriptedRequest(f"the {role} script{about} has {len(script)} replies; request {n + 1} has none")
         reply: Reply = script[n]
         return reply
+
+    def _final(self, reply: Reply, request: ModelRequest) -> Reply:
+        """The goal review writes the final answer and its verdict in one call (`submit_final`). A
+        `goal_review` script may give that call (`final(...)`), a verdict (`accept()`, `replan(...)`:
+        the answer is then the `answer` script's reply, by default the accepted results quoted), or
+        a string (the answer, accepted)."""
+        if isinstance(reply, str):
+            return final(reply)
+        uses = [b for b in reply.content if isinstance(b, ToolUseBlock)]
+        if len(uses) != 1 or uses[0].name != VERDICT_TOOL:
+            return reply
+        given = Verdict.model_validate(uses[0].input)
+        answer = self._finish(self._pick("answer", None, request), request).text
+        if given.action == "accept":
+            return final(answer, "accept", given.feedback)
+        return final(answer, "replan", given.feedback)
 
     def _finish(self, reply: Reply, request: ModelRequest) -> ModelResponse:
         if isinstance(reply, str):
@@ -364,6 +394,7 @@ __all__ = [
     "accept",
     "accepted_results",
     "attempt_of",
+    "final",
     "http_responder",
     "plan",
     "replan",
