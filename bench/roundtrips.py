@@ -1,6 +1,6 @@
 """Redis commands and round trips per job type, counted with MONITOR while goals run one at a time.
 
-    python -m bench.roundtrips [--redis-url redis://127.0.0.1:6379/0] [--goals 5] [--steps 1]
+    python -m bench.roundtrips [--redis-url redis://127.0.0.1:6379/0] [--goals 5] [--steps 1] [--width 1]
 
 One planner, one critic and one executor process (`taskloom worker <role>`, the throughput
 benchmark's settings); `--goals` goals of one task each (a `--steps`-step tool loop, then the
@@ -13,6 +13,9 @@ runs (INFO commandstats counts them too, so they count here). Each command is ch
 * a command outside every job that names a job id (arq picking the job up, marking it in progress,
   counting its tries, storing its result, deleting it) is arq's for that job ("arq");
 * a command a script runs belongs to the EVALSHA that ran it.
+
+`--width N` runs goals of N parallel tasks (the shape of `bench.throughput`): jobs of the same type
+then overlap in one process, so a command goes to one of them; the totals per type still hold.
 
 What is left is idle traffic (queue polls, wake-up reads, heartbeats, health checks, watchdog and
 supervisor passes) and the benchmark's own client (submit, wait), reported per goal. Round trips
@@ -238,7 +241,7 @@ async def _client_addrs(redis: Redis) -> set[str]:
     return {str(info["addr"])}
 
 
-async def run(url: str, goals: int, steps: int, poll_delay: float, detail: bool = False) -> str:
+async def run(url: str, goals: int, steps: int, poll_delay: float, detail: bool = False, width: int = 1) -> str:
     async with bench_redis(url, "roundtrips") as bench:
         where = await machine(bench.redis, bench.where)
         client_redis = ArqRedis.from_url(bench.url, single_connection_client=True)
@@ -262,7 +265,7 @@ async def run(url: str, goals: int, steps: int, poll_delay: float, detail: bool 
                 await asyncio.sleep(0.3)
                 t0 = time.perf_counter()
                 for _ in range(goals):
-                    gid = await client.submit(goal_text(1, 1, steps))
+                    gid = await client.submit(goal_text(width, 1, steps))
                     record = await client.wait(gid, timeout=60)
                     if record.state.value != "succeeded":
                         raise RuntimeError(f"goal {gid} ended {record.state.value}: {record.reason}")
@@ -277,7 +280,7 @@ async def run(url: str, goals: int, steps: int, poll_delay: float, detail: bool 
                 await client_redis.aclose()
         commands = parse_monitor(monitor.read_text(errors="replace").splitlines(), bench.prefix)
         tallies, other = attribute(commands, read_jobs(logs), roles, addrs, bench.prefix)
-    table = report(where, goals, steps, poll_delay, seconds, tallies, other)
+    table = report(where, goals, steps, poll_delay, seconds, tallies, other, width)
     if detail:
         for fn in [*ORDER, *sorted(set(tallies) - set(ORDER))]:
             if fn in tallies and tallies[fn].first:
@@ -300,10 +303,12 @@ def report(
     seconds: float,
     tallies: dict[str, Tally],
     other: Counter[str],
+    width: int = 1,
 ) -> str:
     lines = [
         where,
-        f"{goals} goals of 1 task ({steps}-step tool loop + answer), one at a time; poll delay {poll_delay:g} s; "
+        f"{goals} goals of {width} parallel task(s) ({steps}-step tool loop + answer), one goal at a time; "
+        f"poll delay {poll_delay:g} s; "
         f"{seconds:.1f} s",
         "",
         "| job | jobs | handler commands / job | handler round trips / job | arq commands / job "
@@ -342,9 +347,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1, help="tool calls per task before its answer")
     parser.add_argument("--poll-delay", type=float, default=0.05)
     parser.add_argument("--detail", action="store_true", help="also list the commands of one job of each type")
+    parser.add_argument("--width", type=int, default=1, help="parallel tasks per goal")
     args = parser.parse_args()
     started = datetime.now(UTC)
-    table = asyncio.run(run(args.redis_url, args.goals, args.steps, args.poll_delay, args.detail))
+    table = asyncio.run(run(args.redis_url, args.goals, args.steps, args.poll_delay, args.detail, args.width))
     print(f"{started:%Y-%m-%d %H:%M} UTC\n{table}")
 
 

@@ -8,8 +8,8 @@ taskloom: one planner, one critic and 1 (then 2) executor processes (`taskloom w
 default concurrency 10, poll delay `--poll-delay`); `--goals` goals are submitted at once, each a
 plan of `--width` independent tasks, each task a 2-step tool loop (tool call, answer), against the
 fake Messages API answering at once (in this process). Timed from the first submit to the last goal
-succeeded. One goal is 1 + 3 x width + 1 arq jobs (plan; execute, review, advance per task;
-review_goal) and 1 + 3 x width + 2 model calls.
+succeeded. One goal is at most 1 + 3 x width + 1 arq jobs (plan; execute, review, advance per task;
+review_goal); the jobs counted are those that ran (their `job.start` log lines).
 
 The peer, in the same run: raw arq worker processes (same concurrency and poll delay) with a no-op
 function; `--arq-jobs` jobs enqueued at once, timed until the queue is empty. Also reported: the
@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from bench._harness import (
     DEFAULT_REDIS,
@@ -45,6 +46,7 @@ from bench._harness import (
     bench_redis,
     command_counts,
     goal_text,
+    job_starts,
     machine,
     spawn,
     spawn_worker,
@@ -138,9 +140,11 @@ async def taskloom(
         if not hiredis:
             env = without_hiredis(bench, env)
         procs: list[subprocess.Popen[bytes]] = []
+        logs: list[Path] = []
         try:
             for role in ["planner", "critic"] + ["executor"] * executors:
-                procs.append(spawn_worker(role, env, bench.home / f"{round_}-{role}-{len(procs)}.log"))
+                logs.append(bench.home / f"{round_}-{role}-{len(procs)}.log")
+                procs.append(spawn_worker(role, env, logs[-1]))
             await wait_for_keys(
                 bench.redis, [bench.keys.health_check(r) for r in ("planner", "executor", "critic")], procs
             )
@@ -158,7 +162,10 @@ async def taskloom(
     bad = [r for r in records if r.state.value != "succeeded"]
     if bad:
         raise RuntimeError(f"{len(bad)} goals did not succeed, e.g. {bad[0].state.value}: {bad[0].reason}")
-    return Result(executors, seconds, goals, goals * width, goals * (2 + 3 * width), cpu, cmds, own)
+    # The jobs that ran (their `job.start` lines): a planner may skip an advance that has nothing to
+    # dispatch, so a goal is not always 2 + 3 x width jobs.
+    jobs = sum(len(job_starts(log)) for log in logs)
+    return Result(executors, seconds, goals, goals * width, jobs, cpu, cmds, own)
 
 
 async def raw_arq(bench: Bench, workers: int, jobs: int, poll_delay: float, round_: int) -> Result:
@@ -261,6 +268,7 @@ def report(where: str, goals: int, width: int, poll_delay: float, rows: list[tup
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for ours, peer in rows:
+        lines[1] += f"; {ours.processes} executor(s): {ours.jobs / ours.goals:.1f} jobs per goal ran"
         jps, peer_jps = ours.jobs / ours.seconds, peer.jobs / peer.seconds
         lines.append(
             f"| {ours.processes} (+1 planner, +1 critic) | {ours.goals / ours.seconds:.1f} | "
