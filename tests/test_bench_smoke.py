@@ -18,7 +18,19 @@ from planner.prompts import SYSTEM as PLANNER_SYSTEM
 
 @pytest.mark.parametrize(
     "name",
-    ["hops", "speedup", "throughput", "tokens", "memory", "ledger", "toolkit", "recovery", "tools", "testing_kit"],
+    [
+        "hops",
+        "speedup",
+        "throughput",
+        "roundtrips",
+        "tokens",
+        "memory",
+        "ledger",
+        "toolkit",
+        "recovery",
+        "tools",
+        "testing_kit",
+    ],
 )
 def test_bench_modules_import(name: str) -> None:
     importlib.import_module(f"bench.{name}")
@@ -67,3 +79,29 @@ async def test_testing_kit_smallest_configuration(redis_url: str) -> None:
     """bench.testing_kit runs the demo goal once per configuration and prints its table."""
     table = await bench.testing_kit.run(1, redis_url)
     assert table.count("\n| ") == 6  # header, rule and four rows
+
+
+def test_roundtrips_charges_scripts_and_arqs_transactions_to_their_job() -> None:
+    """A script's commands go with its EVALSHA; arq's MULTI...EXEC after the job ended goes to the
+    job it names (one round trip); a poll between jobs is idle; the client's own commands apart."""
+    from bench.roundtrips import Job, attribute, parse_monitor
+
+    p = "bench-rt-x:"
+    lines = [
+        f'100.000 [0 127.0.0.1:1] "HGETALL" "{p}goal:g"',  # client
+        f'100.100 [0 127.0.0.1:2] "EVALSHA" "abc" "1" "{p}goal:g"',  # executor, in the job
+        '100.101 [0 lua] "HMGET" "x" "state"',
+        '100.102 [0 lua] "HSET" "x" "state" "running"',
+        '100.300 [0 127.0.0.1:2] "MULTI"',
+        f'100.301 [0 127.0.0.1:2] "SET" "arq:result:{p}job:execute:g:t:1" "r"',
+        f'100.302 [0 127.0.0.1:2] "DEL" "arq:in-progress:{p}job:execute:g:t:1"',
+        '100.303 [0 127.0.0.1:2] "EXEC"',
+        f'100.400 [0 127.0.0.1:2] "ZRANGEBYSCORE" "{p}queue:executor" "-inf" "1"',  # idle poll
+    ]
+    commands = parse_monitor(lines, p)
+    jobs = [Job("executor", "execute", f"{p}job:execute:g:t:1", 100.05, 100.2)]
+    tallies, other = attribute(commands, jobs, {"127.0.0.1:2": "executor"}, {"127.0.0.1:1"}, p)
+    t = tallies["execute"]
+    assert (t.handler, t.handler_trips, t.arq, t.arq_trips) == (3, 1, 4, 1)
+    assert other["benchmark client (submit, wait)"] == 1
+    assert other["idle (polls, wake-ups, heartbeats, health checks)"] == 1
