@@ -7,6 +7,7 @@ policies, and machine checks that decide without a model call.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,7 +150,14 @@ async def test_a_speculative_final_answer_is_dropped_when_a_review_rejects(
         client = Client(redis, keys, default_budget_tokens=200_000)
         async with fleet(env, tmp_path, "planner", "critic", "executor"):
             goal = await run(client, {"text": "WIDE REJECT-B"})
+            # The goal's verdict event is appended just after the move to succeeded, by whichever
+            # job concluded the goal (the last review or the final answer's job): wait for it.
             events = await events_of(client, goal.id)
+            for _ in range(50):
+                if any(e.type == "critic.verdict" and e.task_id is None for e in events):
+                    break
+                await asyncio.sleep(0.1)
+                events = await events_of(client, goal.id)
     assert not model.unrouted
     assert goal.state is GoalState.SUCCEEDED, goal
     finals = requests_of(fake, "goal_review")

@@ -390,7 +390,7 @@ class _Handler(BaseHTTPRequestHandler):
             if isinstance(script, Failure):
                 return self._fail(script, rid)
             key = self.fake._bill_key(recorded) if self.fake._bill_key is not None else None
-            return self._reply(script, body, rid, key)
+            return self._reply(script, body, rid, key, arrived=recorded.at)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (timeout); what was billed stays billed
 
@@ -403,11 +403,17 @@ class _Handler(BaseHTTPRequestHandler):
         body: Any = failure.body if failure.body is not None else error_body(failure.status, "fake failure")
         self._send(failure.status, body if isinstance(body, str) else dict(body), rid, failure.headers)
 
-    def _reply(self, reply: Reply, body: Mapping[str, Any], rid: str, key: str | None = None) -> None:
+    def _reply(
+        self, reply: Reply, body: Mapping[str, Any], rid: str, key: str | None = None, *, arrived: float | None = None
+    ) -> None:
         content = [dict(block) for block in reply.content]
         output = reply.output_tokens if reply.output_tokens is not None else count_output_tokens(content)
         usage = self.fake._bill(body, output, key)
-        self.fake._sleep(reply.delay)
+        # `delay` is the model's response time, counted from the request's arrival: the fake's own
+        # parsing, validation and token counting (serialised by the GIL when many requests arrive at
+        # once) happen inside it, as a real API's do, instead of adding to it.
+        spent = 0.0 if arrived is None else time.monotonic() - arrived
+        self.fake._sleep(reply.delay - spent)
         self.fake._refund(int(body.get("max_tokens") or 0), output)
         message = {
             "id": f"msg_{rid.removeprefix('req_')}",
