@@ -238,7 +238,8 @@ async def run_tracing(
     lines = [
         where,
         f"{goals} goals submitted at once, each {width} parallel tasks of a 2-step tool loop "
-        f"({2 + 3 * width} jobs, {3 + 3 * width} model calls per goal); zero-latency fake Messages API; "
+        f"({2 + 3 * width} model calls per goal: plan, 2 per task, a review per task, the final answer); "
+        "zero-latency fake Messages API; "
         f"poll delay {poll_delay:g} s, concurrency 10 per worker; tracing on = every span sampled and exported",
         "",
         "| executor processes | goals/s tracing off | goals/s tracing on | loss | worker CPU ms per job: off / on "
@@ -259,7 +260,8 @@ def report(where: str, goals: int, width: int, poll_delay: float, rows: list[tup
     lines = [
         where,
         f"{goals} goals submitted at once, each {width} parallel tasks of a 2-step tool loop "
-        f"({2 + 3 * width} jobs, {3 + 3 * width} model calls per goal); zero-latency fake Messages API; "
+        f"({2 + 3 * width} model calls per goal: plan, 2 per task, a review per task, the final answer); "
+        "zero-latency fake Messages API; "
         f"poll delay {poll_delay:g} s, concurrency 10 per worker",
         "",
         "| executor processes | goals/s | tasks/s | taskloom jobs/s | raw arq no-op jobs/s (same number of workers) "
