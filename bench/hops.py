@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -125,8 +126,11 @@ async def raw_arq(
         await asyncio.sleep(0.3)
         idle, per_cmd = await idle_rate(bench, idle_s, background)
 
+        ids = itertools.count()
+
         async def enqueue(sent: float, out: str) -> None:
-            await bench.redis.enqueue_job("noop", sent, out, _queue_name=queue)
+            # An id under the run's prefix: cleanup deletes its result key (arq keeps it an hour).
+            await bench.redis.enqueue_job("noop", sent, out, _queue_name=queue, _job_id=f"{queue}:{next(ids)}")
             if wake:
                 await bench.redis.xadd(stream, {"j": "1"}, maxlen=1000, approximate=True)
 

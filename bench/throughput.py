@@ -178,7 +178,11 @@ async def raw_arq(bench: Bench, workers: int, jobs: int, poll_delay: float, roun
         await asyncio.sleep(1.0)
         cpu0, cmd0 = cpu_seconds(procs), await command_counts(bench.redis)
         t0 = time.perf_counter()
-        await asyncio.gather(*(bench.redis.enqueue_job("noop", _queue_name=queue) for _ in range(jobs)))
+        # Job ids under the run's prefix, so that cleanup deletes their result keys too (arq keeps
+        # them under its fixed `arq:result:` prefix, an hour by default).
+        await asyncio.gather(
+            *(bench.redis.enqueue_job("noop", _queue_name=queue, _job_id=f"{queue}:{i}") for i in range(jobs))
+        )
         while await bench.redis.zcard(queue):  # noqa: ASYNC110 - another process empties it
             await asyncio.sleep(0.005)
         seconds = time.perf_counter() - t0
