@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import redis as redis_lib
 from arq.connections import ArqRedis, create_pool
 
 from bus.connection import EmbeddedRedis, redis_settings
@@ -77,8 +78,9 @@ def settings(redis_url: str, prefix: str, tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def subprocess_env(redis_url: str, prefix: str, tmp_path: Path) -> dict[str, str]:
-    """Environment for a `taskloom` child process on the test Redis and prefix."""
+def subprocess_env(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Environment for a `taskloom` child process on the test Redis and prefix. The prefix's keys
+    are deleted afterwards, as the `redis` fixture does (a test may use this one without it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "TASKLOOM_"))}
     env.update(
         TASKLOOM_REDIS_URL=redis_url,
@@ -87,4 +89,17 @@ def subprocess_env(redis_url: str, prefix: str, tmp_path: Path) -> dict[str, str
         TASKLOOM_HOME=str(tmp_path / "home"),
         PYTHONUNBUFFERED="1",
     )
-    return env
+    yield env
+    _delete_keys(redis_url, prefix)
+
+
+def _delete_keys(url: str, prefix: str) -> None:
+    """Delete the prefix's keys and arq's job and result keys (their job ids start with it)."""
+    client = redis_lib.Redis.from_url(url)
+    try:
+        for pattern in (f"{prefix}*", f"arq:*{prefix}*"):
+            batch = list(client.scan_iter(match=pattern, count=1000))
+            if batch:
+                client.delete(*batch)
+    finally:
+        client.close()
