@@ -207,7 +207,7 @@ def role_of(req: RecordedRequest) -> str:
     offered = {t.get("name") for t in req.body.get("tools") or []}
     if system == PLANNER_SYSTEM and PLAN_TOOL in offered:
         return "planner"  # forced (a replan, a correction) or route first (the goal's tools beside it)
-    if forced == "submit_verdict" and system == REVIEW_SYSTEM:
+    if system == REVIEW_SYSTEM and not offered:
         return "review"
     if forced == FINAL_TOOL and system == FINAL_SYSTEM:
         return "goal_review"
@@ -260,7 +260,7 @@ class Responder:
                 return tool_reply([("fetch", {"item": f"{task_id(0, 0)}-0"})], delay=d)
             return tool_reply([(PLAN_TOOL, plan_for(width, chain, steps, CHECKED in first))], delay=d)
         if role == "review":
-            return tool_reply([("submit_verdict", ACCEPT)], delay=d)
+            return text_reply(json.dumps(ACCEPT), delay=d)
         if role == "goal_review":
             return tool_reply([(FINAL_TOOL, FINAL)], delay=d)
         if role == "executor":

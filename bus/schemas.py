@@ -1,7 +1,7 @@
 """The records that cross a process boundary: goals, plans, tasks, results, verdicts, events.
 
-`Plan` and `Verdict` are also the input schemas of the model-facing tools `submit_plan` and
-`submit_verdict` (see "The model protocol" in docs/internals.md): their field names are a
+`Plan` is also the input schema of the model-facing tool `submit_plan`, and `Verdict` the form of the
+critic's JSON reply (see "The model protocol" in docs/internals.md): their field names are a
 contract with the model, so they stay as they are. Every record read back from Redis is validated
 again (`model_validate_json`): a corrupt record is an error naming the field, never a silently wrong
 value.
@@ -266,7 +266,7 @@ class TaskResult(_Model):
 
 
 class Verdict(_Model):
-    """The input schema of `submit_verdict`: the critic's judgement of one result."""
+    """The critic's judgement of one result: the object of its JSON reply (`critic.prompts.VERDICT_FORMAT`)."""
 
     passed: bool = Field(description="meets the definition of done (action accept)")
     feedback: str = Field(default="", max_length=5_000, description="what is missing or wrong")
@@ -380,17 +380,38 @@ def task_sources(target: TaskState) -> frozenset[TaskState]:
     return frozenset(s for s, nxt in TASK_TRANSITIONS.items() if target in nxt)
 
 
+# Size limits stay out of the schema the model reads: every tool definition is paid per call, the
+# limits are generous, and they are still enforced when the input is validated (an input over one is
+# sent back naming the field, so the model learns a limit on the rare call that meets it).
+_SIZE_LIMITS = frozenset({"maxLength", "minLength", "maxItems", "minItems"})
+
+
+def _optional(node: dict[str, Any]) -> dict[str, Any]:
+    """`{"anyOf": [X, {"type": "null"}], "default": null, ...}` (pydantic's optional field) as X with
+    the field's other keys: the field is not required, which already says it may be left out."""
+    options = node.get("anyOf")
+    if not (isinstance(options, list) and len(options) == 2 and {"type": "null"} in options):
+        return node
+    if node.get("default", ...) is not None:
+        return node
+    [kept] = [o for o in options if o != {"type": "null"}]
+    rest = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
+    return {**kept, **rest}
+
+
 def json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The JSON Schema of a model as a tool `input_schema` (no titles and no model docstrings: they
-    only cost tokens)."""
+    """The JSON Schema of a model as a tool `input_schema`: no titles, no model docstrings, no size
+    limits and no spelled-out null for optional fields (they only cost tokens)."""
 
     def strip(node: Any, names: bool = False) -> Any:
         # Under "properties" the keys are field names (TaskSpec has a field called "title").
         if isinstance(node, dict):
+            if not names:
+                node = _optional(node)
             return {
                 k: strip(v, names=k in ("properties", "$defs"))
                 for k, v in node.items()
-                if names or not (k == "title" and isinstance(v, str))
+                if names or not ((k == "title" and isinstance(v, str)) or k in _SIZE_LIMITS)
             }
         if isinstance(node, list):
             return [strip(v) for v in node]

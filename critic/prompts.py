@@ -8,16 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bus.schemas import FinalVerdict, Goal, TaskResult, TaskSpec, Verdict, json_schema
+from bus.schemas import FinalVerdict, Goal, TaskResult, TaskSpec, json_schema
 from llm.types import ToolDef
-
-VERDICT_TOOL = "submit_verdict"
-
-VERDICT_TOOL_DEF = ToolDef(
-    name=VERDICT_TOOL,
-    description="Your verdict on the answer.",
-    input_schema=json_schema(Verdict),
-)
 
 FINAL_TOOL = "submit_final"
 
@@ -27,9 +19,13 @@ FINAL_TOOL_DEF = ToolDef(
     input_schema=json_schema(FinalVerdict),
 )
 
-REVIEW_SYSTEM = """You review one task's answer against its definition of done; call submit_verdict once. \
-Accept when the answer meets it (ask for no more). Otherwise give feedback the worker can act on: \
-'retry' when another attempt can fix it, 'replan' when the task itself is wrong or impossible."""
+# The verdict is a JSON reply, not a forced tool (llm/jsonform.py says why): its form is this line.
+VERDICT_FORMAT = '{"passed": true|false, "action": "accept"|"retry"|"replan", "feedback": "..."}'
+
+REVIEW_SYSTEM = f"""You review one task's answer against its definition of done. Accept when the answer \
+meets it (ask for no more). Otherwise give feedback the worker can act on: "retry" when another \
+attempt can fix it, "replan" when the task itself is wrong or impossible. Reply with only the JSON \
+object {VERDICT_FORMAT}"""
 
 FINAL_SYSTEM = """You write the final answer to a goal from its tasks' accepted results, using only what \
 they establish, and judge it against the goal's definition of done ('replan', with feedback, when it \
@@ -83,4 +79,4 @@ def final_correction(problems: list[str]) -> str:
 
 def verdict_correction(problems: list[str]) -> str:
     listed = "\n".join(f"- {p}" for p in problems)
-    return f"The verdict was not accepted:\n{listed}\nCall submit_verdict again with a valid verdict."
+    return f"The verdict was not accepted:\n{listed}\nReply again with only the JSON object {VERDICT_FORMAT}"

@@ -5,7 +5,9 @@ string matching, so that `taskloom demo` runs with no key and no network, identi
 process (the planner, executors and critic each hold their own instance). Its rules:
 
 It knows no role's tool names: a forced tool is told apart by the fields its input schema requires
-(a `tasks` list: the planner's plan; `passed` and `action`: the critic's verdict).
+(a `tasks` list: the planner's plan; `answer`, `passed` and `action`: the final answer), and a
+verdict asked for as a JSON reply by a request that offers no tool and whose system prompt shows
+an object with `"passed"` and `"action"` fields.
 
 **Planner** (`tool_choice` forces a plan tool): order ids are the `[A-Z]` + 3-or-more-digit words
 (`A100`) in the user messages. When known support-desk tools (`lookup_order`, `refund_policy`,
@@ -26,7 +28,7 @@ line) carries the deadline into the goal's final answer.
 has several tasks; otherwise it starts the goal at once, as the executor below would (tool calls,
 or a text answer).
 
-**Critic** (`tool_choice` forces a verdict tool): rejects (action `retry`, feedback `FEEDBACK`) when
+**Critic** (a JSON verdict reply, or a forced verdict tool): rejects (action `retry`, feedback `FEEDBACK`) when
 the prompt holds `DEADLINE_DOD` but no `Refund deadline:` answer and no earlier `FEEDBACK`; accepts
 otherwise. So the first order's task is retried exactly once, showing the retry path. A forced
 final tool (the answer and its verdict in one) gets each order's decision line from the accepted
@@ -82,6 +84,11 @@ def _form(tool: ToolDef) -> str:
     if {"passed", "action"} <= required:
         return "verdict"
     return "other"
+
+
+def _wants_json_verdict(request: ModelRequest) -> bool:
+    """A verdict asked for as a JSON reply: no tool offered, and the system prompt shows its fields."""
+    return not request.tools and '"passed"' in request.system and '"action"' in request.system
 
 
 def _user_text(request: ModelRequest) -> str:
@@ -397,6 +404,8 @@ class DemoModel:
                 args = _placeholder_input(tool)
             content = [ToolUseBlock(id=_tool_use_id(request, forced, args), name=forced, input=args)]
             stop_reason = "tool_call"
+        elif _wants_json_verdict(request):
+            content, stop_reason = [TextBlock(text=json.dumps(_verdict(request)))], "stop"
         elif any(_form(t) == "plan" for t in request.tools):
             content, stop_reason = _route(request)
         else:

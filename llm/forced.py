@@ -1,7 +1,8 @@
 """The forced-tool protocol: ask with one forced tool, validate its input, send the problems back.
 
-Both the planner (`submit_plan`) and the critic (`submit_verdict`) get structured output this way
-(docs/internals.md, "The model protocol"). An invalid reply is answered, in the next user turn, by a
+The planner (`submit_plan`) and the critic's final answer (`submit_final`) get structured output
+this way (docs/internals.md, "The model protocol"); the critic's short task verdict is a JSON reply
+instead (`llm.jsonform`). An invalid reply is answered, in the next user turn, by a
 `tool_result` with `is_error=true` for every tool_use of that reply (the API requires each to be
 answered at the start of the next user message): the forced tool's with the problems, any other
 with `ignored`. The model tries again, at most `attempts` times in all.

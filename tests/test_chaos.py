@@ -18,8 +18,9 @@ from bus.client import Client
 from bus.keys import Keys
 from bus.ledger import Ledger
 from bus.schemas import GoalState
+from critic.prompts import REVIEW_SYSTEM
 from llm import DemoModel
-from llm.testing import FakeAnthropicServer, RecordedRequest, Script, responder_from_model
+from llm.testing import FakeAnthropicServer, RecordedRequest, Script, content_text, responder_from_model
 
 DEMO_GOAL = "Can orders A100 and A101 be refunded? Today is 2026-10-13."
 
@@ -38,9 +39,8 @@ async def _started(log: Path) -> None:
     await eventually(ready, timeout=30, every=0.05)
 
 
-def _forced(req: RecordedRequest) -> str | None:
-    choice = req.body.get("tool_choice") or {}
-    return choice.get("name") if choice.get("type") == "tool" else None
+def _is_review(req: RecordedRequest) -> bool:
+    return content_text(req.body.get("system")) == REVIEW_SYSTEM
 
 
 async def test_a_killed_critic_job_is_rerun_by_another_critic_within_the_lease(
@@ -55,7 +55,7 @@ async def test_a_killed_critic_job_is_rerun_by_another_critic_within_the_lease(
     def respond(req: RecordedRequest) -> Script:
         nonlocal verdicts
         reply = demo(req)
-        if _forced(req) == "submit_verdict":
+        if _is_review(req):
             with lock:
                 verdicts += 1
                 first = verdicts == 1

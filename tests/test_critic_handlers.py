@@ -25,7 +25,7 @@ from llm import DemoModel
 from llm.anthropic import AnthropicModel
 from llm.demo import DEADLINE_DOD, FEEDBACK
 from llm.port import ModelPort
-from llm.testing import FakeAnthropicServer, Reply, tool_reply
+from llm.testing import FakeAnthropicServer, Reply, text_reply, tool_reply
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def final(answer: str, passed: bool, action: str, feedback: str = "") -> Reply:
 
 
 def verdict(passed: bool, action: str, feedback: str = "") -> Reply:
-    return tool_reply([("submit_verdict", {"passed": passed, "action": action, "feedback": feedback})])
+    return text_reply(json.dumps({"passed": passed, "action": action, "feedback": feedback}))
 
 
 def task(tid: str, *deps: str, dod: str = "States the number.", tools: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -224,21 +224,38 @@ async def test_stopped_attempt_is_judged_without_a_model(
 async def test_invalid_verdict_gets_one_correction_then_retries(
     redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
 ) -> None:
-    """An inconsistent verdict is answered with an error tool_result once; a second one counts as a retry."""
+    """An inconsistent verdict is sent back once, naming the problem; a second one counts as a retry.
+    The verdict is a JSON reply: no tool is offered to the reviewer."""
     rt = runtime(redis, keys, sdk(fake))
     await running_goal(rt, task("t"))
     await in_review(rt, "t")
-    bad = verdict(True, "retry")
-    fake.enqueue(bad, verdict(True, "replan"))
+    fake.enqueue(verdict(True, "retry"), verdict(True, "replan"))
     await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
     assert len(fake.message_requests) == 2
-    answer = fake.message_requests[1].body["messages"][-1]["content"][0]
-    assert answer["type"] == "tool_result" and answer["is_error"] is True
-    assert (
-        answer["tool_use_id"] == bad.content[0]["id"] and "passed=true goes with action 'accept'" in answer["content"]
-    )
+    assert all(not r.body.get("tools") for r in fake.message_requests)
+    *_, replayed, answer = fake.message_requests[1].body["messages"]
+    assert replayed["role"] == "assistant" and '"retry"' in replayed["content"][0]["text"]
+    assert answer["role"] == "user" and "passed=true goes with action 'accept'" in answer["content"][0]["text"]
     rec = await rt.store.get_task("g1", "t")
     assert rec.state is TaskState.RETRYING and rec.attempt == 2
+
+
+async def test_a_verdict_wrapped_in_prose_or_a_fence_is_read_and_no_object_is_sent_back(
+    redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
+) -> None:
+    """The verdict object is read from the reply's text wherever it sits; a reply with no object at
+    all gets one correction, then the accepted verdict applies."""
+    rt = runtime(redis, keys, sdk(fake))
+    await running_goal(rt, task("t"))
+    await in_review(rt, "t")
+    fenced = '```json\n{"passed": false, "action": "retry", "feedback": "cite the source"}\n```'
+    fake.enqueue(text_reply("I think it is fine."), text_reply("Here it is: " + fenced))
+    await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
+    assert len(fake.message_requests) == 2
+    correction = fake.message_requests[1].body["messages"][-1]["content"][0]["text"]
+    assert "no JSON object" in correction
+    rec = await rt.store.get_task("g1", "t")
+    assert rec.state is TaskState.RETRYING and rec.feedback == "cite the source"
 
 
 async def test_review_of_an_old_attempt_calls_no_model(redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer) -> None:

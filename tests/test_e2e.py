@@ -65,7 +65,7 @@ def role_of(req: RecordedRequest) -> str:
     offered = {t.get("name") for t in req.body.get("tools") or []}
     if system == PLANNER_SYSTEM and PLAN_TOOL in offered:
         return "planner"  # route first (the goal's tools beside submit_plan) or forced
-    if forced == "submit_verdict" and system == REVIEW_SYSTEM:
+    if system == REVIEW_SYSTEM and not offered:
         return "review"
     if forced == FINAL_TOOL and system == FINAL_SYSTEM:
         return "goal_review"
@@ -129,7 +129,7 @@ class Scenario:
                 return tool_reply([(PLAN_TOOL, replies[turn])])
         elif role == "review":
             verdict = self.verdicts.get((task_of(req) or "", review_attempt(req)), ACCEPT)
-            return tool_reply([("submit_verdict", verdict)])
+            return text_reply(json.dumps(verdict))
         elif role == "goal_review":
             return tool_reply([(FINAL_TOOL, FINAL)])
         elif role == "executor":

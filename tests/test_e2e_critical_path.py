@@ -8,6 +8,7 @@ policies, and machine checks that decide without a model call.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,8 +73,8 @@ class Paths:
         elif role == "review":
             if "REJECT-B" in text and task_of(req) == "b" and review_attempt(req) == 1:
                 verdict = {"passed": False, "action": "retry", "feedback": "B-IS-WRONG"}
-                return tool_reply([("submit_verdict", verdict)], delay=self.slow_review)
-            return tool_reply([("submit_verdict", ACCEPT)])
+                return text_reply(json.dumps(verdict), delay=self.slow_review)
+            return text_reply(json.dumps(ACCEPT))
         elif role == "goal_review":
             quoted = sorted(set(re.findall(r"result of \w+ attempt \d", text)))
             return tool_reply([(FINAL_TOOL, {**ACCEPT, "answer": "final: " + "; ".join(quoted)})])

@@ -66,7 +66,7 @@ class Desk:
         if role == "planner":
             return tool_reply([(PLAN_TOOL, PLAN)])
         if role == "review":
-            return tool_reply([("submit_verdict", ACCEPT)])
+            return text_reply(json.dumps(ACCEPT))
         if role == "goal_review":
             return tool_reply([(FINAL_TOOL, {**ACCEPT, "answer": "Refund of A100 issued."})])
         if role == "executor" and task_of(req) == "look":

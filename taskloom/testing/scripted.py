@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bus.schemas import FinalVerdict, TaskSpec, Verdict
-from critic.prompts import FINAL_SYSTEM, FINAL_TOOL, REVIEW_SYSTEM, VERDICT_TOOL
+from critic.prompts import FINAL_SYSTEM, FINAL_TOOL, REVIEW_SYSTEM
 from executor.loop import SYSTEM as EXECUTOR_SYSTEM
 from llm.errors import TerminalModelError
 from llm.testing import Failure, RecordedRequest, error_body, reply_from_response, request_from_wire
@@ -119,9 +119,9 @@ def plan(*tasks: Mapping[str, Any], rationale: str = "") -> ModelResponse:
 
 
 def verdict(action: Literal["accept", "retry", "replan"], feedback: str = "") -> ModelResponse:
-    """The critic's `submit_verdict` call."""
-    body = Verdict(passed=action == "accept", action=action, feedback=feedback).model_dump(mode="json")
-    return tool_calls((VERDICT_TOOL, body))
+    """The critic's verdict on a task: a JSON reply."""
+    body = Verdict(passed=action == "accept", action=action, feedback=feedback)
+    return text(body.model_dump_json())
 
 
 def final(answer: str, action: Literal["accept", "replan"] = "accept", feedback: str = "") -> ModelResponse:
@@ -343,10 +343,12 @@ class ScriptedModel:
         a string (the answer, accepted)."""
         if isinstance(reply, str):
             return final(reply)
-        uses = [b for b in reply.content if isinstance(b, ToolUseBlock)]
-        if len(uses) != 1 or uses[0].name != VERDICT_TOOL:
+        if reply.tool_uses:
             return reply
-        given = Verdict.model_validate(uses[0].input)
+        try:
+            given = Verdict.model_validate_json(reply.text)
+        except ValueError:  # not a verdict: sent as it is (a test of the correction turn)
+            return reply
         answer = self._finish(self._pick("answer", None, request), request).text
         if given.action == "accept":
             return final(answer, "accept", given.feedback)

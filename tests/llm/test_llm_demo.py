@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from critic.prompts import REVIEW_SYSTEM
 from llm import DemoModel, Message, ModelRequest, ModelResponse, ToolChoice, ToolDef, ToolResultBlock
 from llm.anthropic import AnthropicModel
 from llm.demo import DEADLINE_DOD, DEADLINE_MARK, FEEDBACK
@@ -109,12 +110,23 @@ def test_executor_calls_both_tools_in_one_turn_then_answers() -> None:
 
 
 def _verdict(prompt: str) -> dict[str, Any]:
+    """The demo's verdict as the critic asks for it: a JSON reply (no tool offered)."""
+    request = ModelRequest(system=REVIEW_SYSTEM, messages=[Message.user(prompt)], max_tokens=500)
+    response = DemoModel().respond(request)
+    assert response.stop_reason == "stop" and not response.tool_uses
+    verdict: dict[str, Any] = json.loads(response.text)
+    return verdict
+
+
+def test_a_forced_verdict_tool_gets_the_same_verdict_as_the_json_reply() -> None:
+    prompt = f"Definition of done: the decision {DEADLINE_DOD}\n\nAnswer (attempt 1):\nA100: eligible."
     request = ModelRequest(
         messages=[Message.user(prompt)], tools=[VERDICT], tool_choice=ToolChoice.force("submit_verdict"), max_tokens=500
     )
     response = DemoModel().respond(request)
     assert response.tool_uses[0].name == "submit_verdict"
-    return response.tool_uses[0].input
+    assert response.tool_uses[0].input == _verdict(prompt)
+    assert _verdict(prompt)["action"] == "retry"
 
 
 def test_critic_retries_the_first_order_once_then_accepts() -> None:
