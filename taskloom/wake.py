@@ -71,12 +71,25 @@ class WakeableWorker(Worker):
         after = kwargs.pop("after_job_end", None)
 
         async def job_ended(ctx: dict[Any, Any]) -> None:
-            # A slot is free again: look for queued work now, not at the next timer.
-            self._woken.set()
+            # A slot is free again: when every slot was taken (this job still counts here), a poll
+            # found work it could not start, so look for queued work now, not at the next timer.
+            # With a slot to spare, every wake-up was already followed by a poll that started what
+            # was queued: another poll would only ask Redis again (one per job, in a busy fleet).
+            # Likewise when the last poll read a full page of the queue (there may be more behind it).
+            if self.job_counter >= self.max_jobs or self._page_full:
+                # Once the slot is free: arq frees it in a done callback of the job's task, added
+                # before this one, so it runs first. Set now, the poll could run before it, still
+                # find every slot taken, and leave the job queued until the timer.
+                task = self.tasks.get(str(ctx.get("job_id")))
+                if task is None:
+                    self._woken.set()
+                else:
+                    task.add_done_callback(lambda _: self._woken.set())
             if after is not None:
                 await after(ctx)
 
         super().__init__(*args, after_job_end=job_ended, **kwargs)
+        self._page_full = False  # the last poll read `queue_read_limit` ids: more may be queued
         if _JOB_LINES_FILTER not in arq_logger.filters:
             arq_logger.addFilter(_JOB_LINES_FILTER)
         if job_lease is not None:
@@ -134,6 +147,7 @@ class WakeableWorker(Worker):
         at every enqueue and every job end, so this cost grew with the jobs running. A job this
         worker runs is skipped here; one that ended (a deferred retry, due again) is not.
         """
+        self._page_full = len(job_ids) >= self.queue_read_limit
         running = {job_id for job_id, task in self.tasks.items() if not task.done()}
         if running:
             job_ids = [j for j in job_ids if j.decode() not in running]
