@@ -138,9 +138,10 @@ if ARGV[8] == 'remove' then
 else
   redis.call('ZADD', KEYS[5], 'XX', ARGV[8], ARGV[7])
 end
-if ARGV[4] ~= '' then
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[4])
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', tonumber(ARGV[5]) * 10, '*', 'e', ARGV[4])
+-- ARGV[4]: the events of this move, one compact JSON per line (what caused it first, then the state event).
+for e in string.gmatch(ARGV[4], '[^\\n]+') do
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', e)
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', tonumber(ARGV[5]) * 10, '*', 'e', e)
 end
 return {'ok', cur}
 """
@@ -410,10 +411,13 @@ class Store:
         answer: str | None = None,
         data: dict[str, Any] | None = None,
         fields: dict[str, str | int] | None = None,
+        causes: Sequence[Event] = (),
     ) -> bool:
         """Move a goal to `target`. True if it moved, False if it was already there (idempotent).
 
-        Raises `IllegalTransition` (nothing written) when the state machine forbids it.
+        Raises `IllegalTransition` (nothing written) when the state machine forbids it. `causes`:
+        events appended just before the `goal.state` event, atomically with the move and only if it
+        moves (the final verdict that ends the goal: a reader that sees `succeeded` has it too).
         """
         patch: dict[str, str | int] = {"updated_at": utcnow().isoformat(), **(fields or {})}
         if reason is not None:
@@ -435,6 +439,7 @@ class Store:
             event,
             patch,
             leave=(self.keys.submitted_index(), goal_id),
+            causes=causes,
         )
         return self._outcome(out, f"goal {goal_id}", target.value)
 
@@ -674,8 +679,12 @@ class Store:
         expected_state: TaskState | None = None,
         first_attempt: int | None = None,
         data: dict[str, Any] | None = None,
+        causes: Sequence[Event] = (),
     ) -> bool:
         """Move a task to `target`. True if it moved, False if it was already there.
+
+        `causes`: events appended just before the move's `task.state` event, in the same script and
+        only if it moves (the critic's verdict that made it): never one without the other.
 
         `expected_attempt` fences the write: a worker holding an older attempt gets `StaleWrite`.
         `attempt` sets the new attempt number (dispatching a retry); `plan_version` re-homes a task
@@ -715,6 +724,7 @@ class Store:
             expected_attempt,
             event,
             patch,
+            causes=causes,
         )
         return self._outcome(out, f"task {goal_id}/{task_id}", target.value, expected_attempt)
 
@@ -762,13 +772,16 @@ class Store:
         event: Event,
         patch: dict[str, str | int],
         leave: tuple[str, str] | None = None,
+        causes: Sequence[Event] = (),
     ) -> list[Any]:
         ended = key == self.keys.goal(goal_id) and target in {s.value for s in GOAL_TERMINAL}
         args: list[str | int] = [
             target,
             _csv(s.value for s in sources),
             "" if expected_attempt is None else str(expected_attempt),
-            ev.encode(event),
+            # Compact JSON has no raw newline: one event per line. The causes (a verdict) come first,
+            # in the same script as the move, so a reader that sees the new state has seen them too.
+            "\n".join(ev.encode(e) for e in (*causes, event)),
             self.maxlen,
             leave[1] if leave else "",
             goal_id,

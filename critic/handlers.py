@@ -92,17 +92,16 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
     # Attempts of earlier plan versions do not use up this version's retries.
     action = decide(verdict, task.attempt - task.first_attempt + 1, rt.limits)
     _trace_verdict(verdict, action, deterministic)
-    if await _apply(rt, goal, task, verdict, action, stored):
-        await _emit(
-            rt,
-            goal.id,
-            task.task_id,
-            verdict,
-            action,
-            attempt=task.attempt,
-            deterministic=deterministic,
-            review=goal.goal.review,
-        )
+    event = _verdict_event(
+        goal.id,
+        task.task_id,
+        verdict,
+        action,
+        attempt=task.attempt,
+        deterministic=deterministic,
+        review=goal.goal.review,
+    )
+    await _apply(rt, goal, task, verdict, action, stored, event)
     if action == "accept" and await conclude(rt, goal.id, stored) == "final_missing":
         # Every task is accepted but no final answer was written for these attempts (its speculation
         # was dropped, or the plan has no other review to start it): the planner hands the goal to
@@ -163,14 +162,21 @@ async def _tools_used(rt: Runtime, goal_id: str, task: TaskRecord) -> set[str]:
 
 
 async def _apply(
-    rt: Runtime, goal: GoalRecord, task: TaskRecord, verdict: Verdict, action: Action, stored: StoredPlan
+    rt: Runtime,
+    goal: GoalRecord,
+    task: TaskRecord,
+    verdict: Verdict,
+    action: Action,
+    stored: StoredPlan,
+    event: Event,
 ) -> bool:
-    """Make the verdict's move and enqueue its follow-up. False when the attempt moved on meanwhile."""
+    """Make the verdict's move, with its `critic.verdict` event in the same script (written only if
+    the task moves), and enqueue its follow-up. False when the attempt moved on meanwhile."""
     gid, tid, attempt = goal.id, task.task_id, task.attempt
     try:
         if action == "accept":
             moved = await rt.store.transition_task(
-                gid, tid, TaskState.DONE, expected_attempt=attempt, expected_state=TaskState.REVIEWING
+                gid, tid, TaskState.DONE, expected_attempt=attempt, expected_state=TaskState.REVIEWING, causes=[event]
             )
             if any(tid in spec.depends_on for spec in stored.plan.tasks):
                 # Tasks wait for this one: the planner dispatches those that became ready. (When none
@@ -185,6 +191,7 @@ async def _apply(
                 expected_state=TaskState.REVIEWING,
                 attempt=attempt + 1,
                 feedback=verdict.feedback,
+                causes=[event],
             )
             await rt.jobs.enqueue(ExecuteJob(goal_id=gid, task_id=tid, attempt=attempt + 1))
         else:
@@ -195,6 +202,7 @@ async def _apply(
                 expected_attempt=attempt,
                 expected_state=TaskState.REVIEWING,
                 reason=_failed_reason(verdict),
+                causes=[event],
             )
             await _ask_replan(rt, goal, tid, verdict.feedback)
     except (IllegalTransition, StaleWrite) as exc:
@@ -368,21 +376,26 @@ async def _conclude(rt: Runtime, goal: GoalRecord, version: int, final: FinalVer
     verdict = Verdict(passed=final.passed, action=action, feedback=final.feedback or "accepted")
     _trace_verdict(verdict, action, False)
     goal_id = goal.id
+    # The goal's verdict goes in the same script as the move it causes (a reader that sees the goal
+    # succeed has its verdict too); a one-task goal's verdict is its task's, written with that move.
+    causes = (
+        [_verdict_event(goal_id, None, verdict, action, plan_version=version, review=goal.goal.review)] if emit else []
+    )
     try:
         if final.passed:
             # running -> reviewing (or already reviewing: a no-op) -> succeeded
             await rt.store.transition_goal(goal_id, GoalState.REVIEWING)
-            moved = await rt.store.transition_goal(goal_id, GoalState.SUCCEEDED, answer=final.answer)
+            moved = await rt.store.transition_goal(goal_id, GoalState.SUCCEEDED, answer=final.answer, causes=causes)
         else:
-            moved = await rt.store.transition_goal(goal_id, GoalState.REPLANNING, data={"feedback": final.feedback})
+            moved = await rt.store.transition_goal(
+                goal_id, GoalState.REPLANNING, data={"feedback": final.feedback}, causes=causes
+            )
             reason = _goal_reason(final.feedback)
             await rt.jobs.enqueue(ReplanJob(goal_id=goal_id, plan_version=version, reason=reason))
     except IllegalTransition as exc:
         log.info("review_goal.stale", error=str(exc))  # cancelled, stopped or concluded meanwhile
         return
     log.info("review_goal.applied", action=action, moved=moved)
-    if moved and emit:
-        await _emit(rt, goal_id, None, verdict, action, plan_version=version, review=goal.goal.review)
 
 
 def _trace_verdict(verdict: Verdict, action: Action, deterministic: bool) -> None:
@@ -402,11 +415,11 @@ def _goal_reason(feedback: str | None) -> str:
 # -- shared helpers ---------------------------------------------------------------------------
 
 
-async def _emit(
-    rt: Runtime, goal_id: str, task_id: str | None, verdict: Verdict, action: Action, **extra: int | bool | str
-) -> None:
+def _verdict_event(
+    goal_id: str, task_id: str | None, verdict: Verdict, action: Action, **extra: int | bool | str
+) -> Event:
     data = {"passed": verdict.passed, "action": action, "feedback": verdict.feedback, **extra}
-    await rt.events.emit(Event(type="critic.verdict", goal_id=goal_id, task_id=task_id, data=data))
+    return Event(type="critic.verdict", goal_id=goal_id, task_id=task_id, data=data)
 
 
 def _meta(goal_id: str, purpose: str, task_id: str | None = None) -> dict[str, str]:

@@ -172,6 +172,9 @@ async def test_rejection_retries_with_the_feedback(redis: ArqRedis, keys: Keys) 
         "review": "every_task",
         "deterministic": False,
     }
+    *_, verdict_event, moved = await rt.events.read("g1")  # the verdict, then the move it made (one script)
+    assert verdict_event.type == "critic.verdict" and moved.type == "task.state"
+    assert moved.task_id == "t" and moved.data["state"] == "retrying"
     # A re-delivered review of attempt 1 only re-enqueues attempt 2: no second verdict.
     await review(rt, ReviewJob(goal_id="g1", task_id="t", attempt=1))
     assert len(await verdicts(rt)) == 1 and (await rt.store.get_task("g1", "t")).attempt == 2
@@ -309,6 +312,10 @@ async def test_goal_review_pass_succeeds_with_the_answer(
     assert goal.state is GoalState.SUCCEEDED and goal.answer == "FINAL: the answer is 42"
     [event] = await verdicts(rt)
     assert event.task_id is None and event.data["action"] == "accept" and event.data["plan_version"] == 1
+    # Written with the move, just before it: a reader that sees `succeeded` has the verdict too.
+    *_, verdict_event, succeeded = await rt.events.read("g1")
+    assert verdict_event.type == "critic.verdict" and verdict_event.task_id is None
+    assert succeeded.type == "goal.state" and succeeded.data["state"] == "succeeded"
 
 
 async def test_goal_review_fail_replans(redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer) -> None:
