@@ -8,14 +8,15 @@ costs a fraction of that as text, and the critic reviews every task. Larger form
 answer of any length with its verdict) stay forced tools, where the JSON is the provider's to
 escape, not the model's to write in prose.
 
-The reply is validated exactly as a forced tool's input is (the same pydantic schema, the same
-sentences naming the field), and an invalid reply gets one corrective turn by default. The object
-is read from the first `{` to the last `}` of the reply's text, so a model that wraps it in a code
-fence or a sentence is still understood.
+The reply is validated as a forced tool's input is (the same pydantic schema, the same sentences
+naming the field), except that keys the form does not have are left out, and an invalid reply gets
+one corrective turn by default. The object is read from the first `{` to the last `}` of the reply's
+text, so a model that wraps it in a code fence or a sentence is still understood.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -56,7 +57,16 @@ def parse(response: ModelResponse, form: JsonForm[M]) -> tuple[M | None, list[st
     if raw is None:
         return None, [f"the reply holds no JSON object: reply with only the {form.root} object"]
     try:
-        return form.schema.model_validate_json(raw), []
+        data = json.loads(raw)
+    except ValueError as exc:
+        return None, [f"the reply's {form.root} object is not valid JSON ({exc})"]
+    if not isinstance(data, dict):
+        return None, [f"the reply's {form.root} is not a JSON object"]
+    # Keys the form does not have (a model adding "reason" or "confidence") are left out rather
+    # than refused: a written reply has no schema to hold it to, and a correction costs a call.
+    known = {k: v for k, v in data.items() if k in form.schema.model_fields}
+    try:
+        return form.schema.model_validate(known), []
     except ValidationError as exc:
         return None, validation_problems(exc, form.root, ".")
 
