@@ -19,6 +19,7 @@ from taskloom.testing import (
     task,
     text,
     tool_call,
+    tool_calls,
     tool_results,
 )
 from taskloom.testing.plugin import Runner
@@ -102,6 +103,23 @@ async def test_per_task_critic_script_retries_with_feedback() -> None:
     assert "NAME-THE-DEADLINE" not in first.messages[0].content[0].text  # type: ignore[union-attr]
     assert "Reviewer feedback: NAME-THE-DEADLINE" in second.messages[0].content[0].text  # type: ignore[union-attr]
     assert [r.answer for r in result.results if r.task_id == "x"] == ["first try", "second try"]
+
+
+async def test_a_review_script_with_the_old_submit_verdict_call_still_retries() -> None:
+    """Scripts written when the verdict was a forced tool call keep working: the call is sent as the
+    critic's JSON reply (no tool is offered to the reviewer any more)."""
+    old_style = tool_calls(("submit_verdict", {"passed": False, "action": "retry", "feedback": "OLD-STYLE"}))
+    model = ScriptedModel(
+        planner=[plan(task("x"), task("y"))],
+        executor={"x": ["first try", "second try"], "y": ["y done"]},
+        critic={"x": [old_style, accept()]},
+    )
+    result = await run_goal("two tasks", model=model)
+    assert result.state is GoalState.SUCCEEDED, result.summary()
+    assert result.tasks["x"].attempt == 2
+    assert all(not r.tools for r in model.requests("review"))
+    second = model.requests("executor", "x")[1]
+    assert "Reviewer feedback: OLD-STYLE" in second.messages[0].content[0].text  # type: ignore[union-attr]
 
 
 async def test_executor_function_script_sees_tool_results() -> None:

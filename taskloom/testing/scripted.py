@@ -20,6 +20,7 @@ by its system prompt, and its task by the prompt's first line about it.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -122,6 +123,16 @@ def verdict(action: Literal["accept", "retry", "replan"], feedback: str = "") ->
     """The critic's verdict on a task: a JSON reply."""
     body = Verdict(passed=action == "accept", action=action, feedback=feedback)
     return text(body.model_dump_json())
+
+
+def _as_json_verdict(reply: Reply) -> Reply:
+    """A review script written when the verdict was a forced `submit_verdict` tool call still works:
+    that one call is sent as the JSON reply the critic now asks for (`verdict(...)` builds it)."""
+    if isinstance(reply, ModelResponse) and not reply.text:
+        uses = reply.tool_uses
+        if len(uses) == 1 and uses[0].name == "submit_verdict":
+            return text(json.dumps(uses[0].input))
+    return reply
 
 
 def final(answer: str, action: Literal["accept", "replan"] = "accept", feedback: str = "") -> ModelResponse:
@@ -297,6 +308,8 @@ class ScriptedModel:
             role = role_of(request)
             tid = task_of(request)
             reply = self._pick(role, tid, request)
+            if role == "review":
+                reply = _as_json_verdict(reply)
             if role == "goal_review":
                 reply = self._final(reply, request)
             response = self._finish(reply, request)
