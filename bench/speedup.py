@@ -30,7 +30,8 @@ same delay, in this process:
 - lean ReAct: one conversation calling the `width` tools one per turn, then answering once
   (width + 1 calls): the ReAct baseline of the LLMCompiler paper.
 
-Keys live under a unique prefix and are deleted afterwards.
+The report ends with issue 13's targets, each marked met or not per review configuration, from the
+rows of the same run. Keys live under a unique prefix and are deleted afterwards.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -241,7 +243,37 @@ def report(where: str, delay: float, reps: int, concurrency: int, poll_delay: fl
             f"{s_lean:.2f} ({row.lean[0][1]}) | {s_lean / span:.2f}x | {row.tokens} | {row.same_tokens} | "
             f"{row.tokens.total / row.same_tokens.total:.2f} |"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *targets(rows, delay)])
+
+
+# Issue 13's targets: width 1 within 1.5x the single loop; width 8 at least 3.7x faster, within 1.15x
+# of its critical-path bound, and spending at most the single loop's tokens.
+Check = Callable[[float, float, float, float], bool]  # (makespan, single loop, bound, token ratio) -> met
+TARGETS: tuple[tuple[str, int, Check], ...] = (
+    ("width 1: makespan <= 1.5x the single loop", 1, lambda span, same, bound, ratio: span / same <= 1.5),
+    ("width 8: speed-up >= 3.7x over the single loop", 8, lambda span, same, bound, ratio: same / span >= 3.7),
+    ("width 8: makespan <= 1.15x its bound", 8, lambda span, same, bound, ratio: span / bound <= 1.15),
+    ("width 8: tokens <= the single loop's", 8, lambda span, same, bound, ratio: ratio <= 1.0),
+)
+
+
+def targets(rows: list[Row], delay: float) -> list[str]:
+    """Each target per review configuration, met or not, from this run's rows (none without the width)."""
+    out = ["| target | " + " | ".join(CONFIGS) + " |", "| --- |" + " --- |" * len(CONFIGS)]
+    for name, width, met in TARGETS:
+        cells = []
+        for config in CONFIGS:
+            row = next((r for r in rows if r.width == width and r.config == config), None)
+            if row is None:
+                cells.append("not run")
+                continue
+            span = statistics.median(row.spans)
+            same = statistics.median(t for t, _ in row.same)
+            bound = critical_calls(width, config == "machine check") * delay
+            ratio = row.tokens.total / row.same_tokens.total
+            cells.append("met" if met(span, same, bound, ratio) else "**not met**")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out
 
 
 def main() -> None:

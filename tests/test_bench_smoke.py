@@ -105,3 +105,25 @@ def test_roundtrips_charges_scripts_and_arqs_transactions_to_their_job() -> None
     assert (t.handler, t.handler_trips, t.arq, t.arq_trips) == (3, 1, 4, 1)
     assert other["benchmark client (submit, wait)"] == 1
     assert other["idle (polls, wake-ups, heartbeats, health checks)"] == 1
+
+
+def test_speedup_reports_each_target_met_or_not_from_the_run() -> None:
+    """bench.speedup's target table: computed from the rows of the same run, per review configuration."""
+    from bench.speedup import Row, Tokens, targets
+
+    def row(width: int, config: str, span: float, same: float, tokens: int) -> Row:
+        return Row(
+            width, config, spans=[span], tokens=Tokens(tokens, 0), same=[(same, 2 * width)], same_tokens=Tokens(1000, 0)
+        )
+
+    rows = [
+        row(1, "model review", 0.62, 0.41, 2000),  # 1.51x the single loop: not met
+        row(1, "machine check", 0.42, 0.41, 1800),
+        row(8, "model review", 0.87, 3.25, 990),  # 3.74x, 1.09x the 0.80 s bound, 0.99x the tokens
+        row(8, "machine check", 0.95, 3.25, 1010),  # 3.42x, 1.19x the bound, 1.01x the tokens
+    ]
+    table = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in targets(rows, 0.2)[2:]}
+    assert table["width 1: makespan <= 1.5x the single loop"] == ["**not met**", "met |"]
+    assert table["width 8: speed-up >= 3.7x over the single loop"] == ["met", "**not met** |"]
+    assert table["width 8: makespan <= 1.15x its bound"] == ["met", "**not met** |"]
+    assert table["width 8: tokens <= the single loop's"] == ["met", "**not met** |"]
