@@ -14,7 +14,8 @@ review_goal); the jobs counted are those that ran (their `job.start` log lines).
 The peer, in the same run: raw arq worker processes (same concurrency and poll delay) with a no-op
 function; `--arq-jobs` jobs enqueued at once, timed until the queue is empty. Also reported: the
 worker processes' CPU time per job (from /proc) and Redis commands per job (`INFO commandstats`).
-Keys live under a unique prefix and are deleted afterwards.
+The report ends with issue 18's targets, met or not per executor count, from the same run. Keys live
+under a unique prefix and are deleted afterwards.
 
 `--no-hiredis`: the taskloom workers run with redis-py's pure-Python reply parser (hiredis hidden
 from them), to measure what the optional `taskloom[fast]` extra buys.
@@ -284,7 +285,21 @@ def report(where: str, goals: int, width: int, poll_delay: float, rows: list[tup
             f"{ours.commands / ours.jobs:.1f} / {peer.commands / peer.jobs:.1f} | "
             f"{ours.own_cpu / ours.goals * 1000:.1f} |"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *targets(rows)])
+
+
+def targets(rows: list[tuple[Result, Result]]) -> list[str]:
+    """Issue 18's targets per executor count, met or not, from the same run: at least 0.3x raw arq's
+    jobs/s, at most 35 Redis commands and 3 ms of worker CPU per job."""
+    out = [
+        "| executor processes | jobs/s >= 0.3x raw arq | <= 35 Redis commands per job | <= 3 ms worker CPU per job |",
+        "| ---: | --- | --- | --- |",
+    ]
+    for ours, peer in rows:
+        ratio = (ours.jobs / ours.seconds) / (peer.jobs / peer.seconds)
+        checks = (ratio >= 0.3, ours.commands / ours.jobs <= 35, ours.cpu / ours.jobs * 1000 <= 3)
+        out.append(f"| {ours.processes} | " + " | ".join("met" if ok else "**not met**" for ok in checks) + " |")
+    return out
 
 
 def main() -> None:

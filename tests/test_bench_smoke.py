@@ -127,3 +127,15 @@ def test_speedup_reports_each_target_met_or_not_from_the_run() -> None:
     assert table["width 8: speed-up >= 3.7x over the single loop"] == ["met", "**not met** |"]
     assert table["width 8: makespan <= 1.15x its bound"] == ["met", "**not met** |"]
     assert table["width 8: tokens <= the single loop's"] == ["met", "**not met** |"]
+
+
+def test_throughput_reports_each_target_met_or_not_from_the_run() -> None:
+    """bench.throughput's target table: jobs/s against raw arq's, commands and CPU per job, per row."""
+    from bench.throughput import Result, targets
+
+    fast = Result(1, seconds=1.0, goals=10, tasks=40, jobs=100, cpu=0.25, commands=3000)  # 100 jobs/s, 2.5 ms, 30
+    slow = Result(2, seconds=1.0, goals=10, tasks=40, jobs=100, cpu=0.5, commands=8600)  # 5 ms, 86 commands
+    peer = Result(1, seconds=1.0, goals=0, tasks=0, jobs=300, cpu=0.1, commands=6900)  # 300 jobs/s
+    table = targets([(fast, peer), (slow, Result(2, 1.0, 0, 0, 400, 0.1, 9000))])
+    assert table[2] == "| 1 | met | met | met |"  # 0.33x, 30 commands, 2.5 ms
+    assert table[3] == "| 2 | **not met** | **not met** | **not met** |"  # 0.25x, 86 commands, 5 ms
