@@ -41,8 +41,10 @@ async def test_a_job_with_an_invalid_payload_is_dropped_with_a_clear_log(
     redis: ArqRedis, keys: Keys, settings: Settings
 ) -> None:
     """A payload that fails validation is logged naming the field and does not crash the worker."""
-    await redis.enqueue_job("plan", {"goal_id": "not a valid id!"}, _queue_name=keys.queue("planner"))
-    await redis.enqueue_job("plan", {"goal": "x"}, _queue_name=keys.queue("planner"))
+    # Job ids under the test's prefix, so that the fixture's cleanup deletes arq's result keys too.
+    queue = keys.queue("planner")
+    await redis.enqueue_job("plan", {"goal_id": "not a valid id!"}, _queue_name=queue, _job_id=f"{keys.prefix}bad-1")
+    await redis.enqueue_job("plan", {"goal": "x"}, _queue_name=queue, _job_id=f"{keys.prefix}bad-2")
     with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
         await run_workers(["planner"], settings, burst=True)
     bad = [e for e in logs if e["event"] == "job.invalid_payload"]
