@@ -169,9 +169,9 @@ async def _apply(
     action: Action,
     stored: StoredPlan,
     event: Event,
-) -> bool:
+) -> None:
     """Make the verdict's move, with its `critic.verdict` event in the same script (written only if
-    the task moves), and enqueue its follow-up. False when the attempt moved on meanwhile."""
+    the task moves), and enqueue its follow-up. Nothing moves when the attempt moved on meanwhile."""
     gid, tid, attempt = goal.id, task.task_id, task.attempt
     try:
         if action == "accept":
@@ -207,9 +207,8 @@ async def _apply(
             await _ask_replan(rt, goal, tid, verdict.feedback)
     except (IllegalTransition, StaleWrite) as exc:
         log.info("review.stale", action=action, error=str(exc))
-        return False
+        return
     log.info("review.applied", action=action, attempt=attempt, moved=moved)
-    return moved
 
 
 async def _ask_replan(rt: Runtime, goal: GoalRecord, task_id: str, feedback: str) -> None:

@@ -144,8 +144,9 @@ class WakeableWorker(Worker):
         A poll returns every due job still in the queue, and a job stays there until it finishes; for
         each, arq pays WATCH, EXISTS, ZSCORE and UNWATCH (four commands, three round trips) only to
         find it in progress, and first waits for a free slot to do so. With wake-ups a worker polls
-        at every enqueue and every job end, so this cost grew with the jobs running. A job this
-        worker runs is skipped here; one that ended (a deferred retry, due again) is not.
+        at every enqueue (and at a job end when it was full), so this cost grew with the jobs
+        running. A job this worker runs is skipped here; one that ended (a deferred retry, due
+        again) is not. Also notes whether the poll read a full page (`_page_full`, see `job_ended`).
         """
         self._page_full = len(job_ids) >= self.queue_read_limit
         running = {job_id for job_id, task in self.tasks.items() if not task.done()}
