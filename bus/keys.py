@@ -104,7 +104,8 @@ class Keys:
         return f"{self.prefix}goal:{goal_id}:drivers"
 
     def provider_trouble(self, goal_id: str) -> str:
-        """When the goal's current provider trouble began (ms); deleted by its next successful call."""
+        """Where an earlier version kept the goal's provider-trouble clock (now the ledger field
+        `trouble_since`); a resumed goal still deletes it."""
         return f"{self.prefix}goal:{goal_id}:provider-trouble"
 
     def job_errors(self, job_id: str) -> str:

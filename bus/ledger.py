@@ -15,9 +15,13 @@ does):
   with a tenant also draws from the tenant's pool of the current period (`bus.tenants`);
 * dollars beside tokens in every book: `budget_micro` (0/absent = no dollar limit),
   `reserved_micro` (worst-case cost held by open reservations) and `cost_micro_usd` (spent);
-* open reservations: one global hash id -> record (`goal key`, amount, forfeit cost, pool keys,
-  one a line) and one global sorted set id -> expiry time. Global, so an expired reservation of a
-  goal nobody touches any more is still swept by any reserve, and its pools get their headroom back.
+* open reservations: one global sorted set, scored by expiry time, whose members are the records
+  (`id`, goal key, amount, forfeit cost, model, tenant pool key, pool keys, one a line); the
+  reserving worker keeps the member (`Reservation.entry`) to close it. (An earlier version kept the
+  records in a global hash `ledger:open`; the scripts still close such a reservation.) Global, so
+  an expired reservation of a goal nobody touches any more is still swept by the next reserve that
+  is short of room, by any snapshot, and by the supervisor's rounds, and its pools get their
+  headroom back.
 
 Every change is one Lua script, so the books always balance: `reserved` is the sum of the open
 reservations' amounts and `spent` the sum of the kinds. The scripts never parse JSON; time comes
@@ -280,6 +284,10 @@ class Reservation(BaseModel):
     spent_fraction: float = Field(
         default=0.0, ge=0, description="the highest spent/budget among the books it draws from, before this call"
     )
+    # Its entry in the expiry set (id, then the record of the books it holds, one a line): closing it
+    # removes this entry, so the close script reads no record. "" for a reservation made by an earlier
+    # version (closed by `id`).
+    entry: str = ""
 
 
 class LedgerSnapshot(BaseModel):
@@ -346,8 +354,8 @@ class LedgerSnapshot(BaseModel):
 
 # -- Lua ------------------------------------------------------------------------------------------
 
-# Shared by every script. A record is `goal key \n amount \n forfeit cost \n model \n tenant pool key
-# \n pool key...` (model and tenant pool are '-' when there is none).
+# Shared by every script. A reservation's expiry entry is `id \n goal key \n amount \n forfeit cost \n
+# model \n tenant pool key \n pool key...` (model and tenant pool are '-' when there is none).
 # `close` takes one open reservation off the books (the goal's, the tenant period pool's, each pool's):
 #   'settle'  spent += the reported usage (by kind), cost += the priced usage;
 #   'release' nothing spent;
@@ -383,7 +391,8 @@ local function int_of(v, key, field)
   return n
 end
 
-local function add_all(key, fields, delta)
+-- `extra`: more field/value pairs to write in the same HSET.
+local function add_all(key, fields, delta, extra)
   if #fields == 0 then return end
   local cur = redis.call('HMGET', key, unpack(fields))
   local args = {}
@@ -391,10 +400,11 @@ local function add_all(key, fields, delta)
     args[#args + 1] = field
     args[#args + 1] = string.format('%d', int_of(cur[i], key, field) + delta[i])
   end
+  for _, v in ipairs(extra or {}) do args[#args + 1] = v end
   redis.call('HSET', key, unpack(args))
 end
 
-local function book(key, amount, fcost, mode, u, model)
+local function book(key, amount, fcost, mode, u, model, extra)
   local fields, delta = {}, {}
   -- `always`: written even when the change is 0 (as HINCRBY by 0 would create the field).
   local function add(field, d, always)
@@ -430,26 +440,33 @@ local function book(key, amount, fcost, mode, u, model)
       end
     end
   end
-  add_all(key, fields, delta)
+  add_all(key, fields, delta, extra)
 end
 
-local function close(open_key, expiry_key, id, mode, u)
-  local rec = redis.call('HGET', open_key, id)
-  redis.call('ZREM', expiry_key, id)
-  if not rec then return false end
-  redis.call('HDEL', open_key, id)
-  local f = lines(rec)
-  local amount, fcost = tonumber(f[2]), tonumber(f[3])
-  book(f[1], amount, fcost, mode, u, nil)
-  if f[5] ~= '-' then book(f[5], amount, fcost, mode, u, f[4]) end
-  for i = 6, #f do book(f[i], amount, fcost, mode, u, nil) end
+-- `member` is the reservation's entry in the expiry set: its id, then its record (the record in the member
+-- itself, so opening and closing a reservation each write one key less). A member that is a bare id
+-- was written by a worker of an earlier version, which kept the record in the open hash.
+-- `goal_extra`: field/value pairs written to the goal's books with the same HSET.
+local function close(open_key, expiry_key, member, mode, u, goal_extra)
+  if redis.call('ZREM', expiry_key, member) == 0 then return false end
+  local f = lines(member)
+  if #f == 1 then
+    local rec = redis.call('HGET', open_key, member)
+    if not rec then return false end
+    redis.call('HDEL', open_key, member)
+    f = lines(member .. '\\n' .. rec)
+  end
+  local amount, fcost = tonumber(f[3]), tonumber(f[4])
+  book(f[2], amount, fcost, mode, u, nil, goal_extra)
+  if f[6] ~= '-' then book(f[6], amount, fcost, mode, u, f[5]) end
+  for i = 7, #f do book(f[i], amount, fcost, mode, u, nil) end
   return true
 end
 
 local function sweep(open_key, expiry_key, t, limit)
-  local ids = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', string.format('%.6f', t), 'LIMIT', 0, limit)
-  for _, id in ipairs(ids) do close(open_key, expiry_key, id, 'expire', nil) end
-  return #ids
+  local members = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', string.format('%.6f', t), 'LIMIT', 0, limit)
+  for _, member in ipairs(members) do close(open_key, expiry_key, member, 'expire', nil) end
+  return #members
 end
 
 -- UTC calendar date of epoch seconds `t` (H. Hinnant's civil_from_days; bus.tenants.period_label
@@ -498,47 +515,17 @@ return 1
 # ARGV: reservation id, input estimate, max_tokens, min output, ttl, input and output price
 #       (micro-USD per million tokens, the dearest input rate), pool key prefix, sweep batch,
 #       model ('-' = none), priced (1/0), tenant key prefix.
-# Returns {'ok', max_tokens, amount, expires_at, pools, worst cost, tenant pool name, spent permille}
+# Returns {'ok', max_tokens, amount, expires_at, pools, worst cost, tenant pool name, spent permille,
+#         expiry entry}
 #       | {'missing'} | {'refused', pool name or '', unit, budget, spent, reserved, requested}
 _RESERVE = (
     _LIB
     + """
 local t = now()
-sweep(KEYS[2], KEYS[3], t, tonumber(ARGV[9]))
-local g = redis.call('HMGET', KEYS[1], 'budget', 'spent', 'reserved', 'pools', 'tenant', 'budget_micro',
-                     'cost_micro_usd', 'reserved_micro', 'open')
-if not g[1] then return {'missing'} end
 local inp, maxt, minr = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local pin, pout, priced = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[11] == '1'
 local function num(v) return tonumber(v or 0) or 0 end
 local function limit(v) local x = num(v); if x > 0 then return x end return nil end
-
--- Every set of books this call draws from: tb/ub are the token and micro-USD budgets (nil = no
--- limit of that unit), ts/us spent, tr/ur reserved.
--- `raw` keeps the fields as read (reserved, open, reserved_micro), to write the new values back.
-local books = {}
-local function add(key, name, tb, ts, tr, ub, us, ur, raw)
-  books[#books + 1] = {key = key, name = name, tb = tb, ts = ts, tr = tr, ub = ub, us = us, ur = ur, raw = raw}
-end
-add(KEYS[1], '', num(g[1]), num(g[2]), num(g[3]), limit(g[6]), num(g[7]), num(g[8]), {g[3], g[9], g[8]})
-for name in string.gmatch(g[4] or '', '[^\\n]+') do
-  local key = ARGV[8] .. name
-  local p = redis.call('HMGET', key, 'budget', 'spent', 'reserved', 'budget_micro', 'cost_micro_usd', 'reserved_micro',
-                       'open')
-  -- A missing pool has token budget 0: it refuses.
-  add(key, name, num(p[1]), num(p[2]), num(p[3]), limit(p[4]), num(p[5]), num(p[6]), {p[3], p[7], p[6]})
-end
--- The tenant's pool of the current period (UTC calendar); its limits are the tenant's settings
--- as they are now, so lowering them takes effect at the next reservation.
-local tkey, tname, tnew = '-', '', false
-if g[5] then
-  local c = redis.call('HMGET', ARGV[12] .. g[5], 'period', 'budget_tokens', 'budget_micro')
-  tname = 'tenant:' .. g[5] .. ':' .. period_label(c[1], t)
-  tkey = ARGV[8] .. tname
-  local p = redis.call('HMGET', tkey, 'spent', 'reserved', 'cost_micro_usd', 'reserved_micro', 'budget', 'open')
-  tnew = not p[5]
-  add(tkey, tname, limit(c[2]), num(p[1]), num(p[2]), limit(c[3]), num(p[3]), num(p[4]), {p[2], p[6], p[4]})
-end
 
 -- Most output tokens with ceil((inp * pin + out * pout) / 1e6) <= h (micro-USD of headroom), or
 -- -1 when not even the input fits. Exact in doubles: past the first test, h * 1e6 is below the
@@ -553,20 +540,67 @@ local function usd_out(h)
   return o
 end
 
--- The limiter is the books that leave the fewest output tokens; the goal wins ties, so a refusal
--- names a pool only when the pool is tighter. clamp_output() in Python is the token rule.
-local out, lim, unit, frac = maxt, books[1], 'tokens', 0
-for _, b in ipairs(books) do
-  if b.tb then
-    if b.tb > 0 then frac = math.max(frac, b.ts / b.tb) end
-    local o = math.min(maxt, b.tb - b.ts - b.tr - inp)
-    if o < out then out, lim, unit = o, b, 'tokens' end
+-- Reads the books this call draws from and decides how many output tokens it gets: returns the
+-- goal's fields, the books, the tenant pool (key, name, new), the output tokens and the limiter
+-- (books, unit), and the highest spent fraction; nil when the goal has no books.
+local function decide()
+  local g = redis.call('HMGET', KEYS[1], 'budget', 'spent', 'reserved', 'pools', 'tenant', 'budget_micro',
+                       'cost_micro_usd', 'reserved_micro', 'open')
+  if not g[1] then return nil end
+
+  -- Every set of books this call draws from: tb/ub are the token and micro-USD budgets (nil = no
+  -- limit of that unit), ts/us spent, tr/ur reserved.
+  -- `raw` keeps the fields as read (reserved, open, reserved_micro), to write the new values back.
+  local books = {}
+  local function add(key, name, tb, ts, tr, ub, us, ur, raw)
+    books[#books + 1] = {key = key, name = name, tb = tb, ts = ts, tr = tr, ub = ub, us = us, ur = ur, raw = raw}
   end
-  if b.ub then
-    frac = math.max(frac, b.us / b.ub)
-    local o = priced and usd_out(b.ub - b.us - b.ur) or -1
-    if o < out then out, lim, unit = o, b, priced and 'usd' or 'unpriced' end
+  add(KEYS[1], '', num(g[1]), num(g[2]), num(g[3]), limit(g[6]), num(g[7]), num(g[8]), {g[3], g[9], g[8]})
+  for name in string.gmatch(g[4] or '', '[^\\n]+') do
+    local key = ARGV[8] .. name
+    local p = redis.call('HMGET', key, 'budget', 'spent', 'reserved', 'budget_micro', 'cost_micro_usd',
+                         'reserved_micro', 'open')
+    -- A missing pool has token budget 0: it refuses.
+    add(key, name, num(p[1]), num(p[2]), num(p[3]), limit(p[4]), num(p[5]), num(p[6]), {p[3], p[7], p[6]})
   end
+  -- The tenant's pool of the current period (UTC calendar); its limits are the tenant's settings
+  -- as they are now, so lowering them takes effect at the next reservation.
+  local tkey, tname, tnew = '-', '', false
+  if g[5] then
+    local c = redis.call('HMGET', ARGV[12] .. g[5], 'period', 'budget_tokens', 'budget_micro')
+    tname = 'tenant:' .. g[5] .. ':' .. period_label(c[1], t)
+    tkey = ARGV[8] .. tname
+    local p = redis.call('HMGET', tkey, 'spent', 'reserved', 'cost_micro_usd', 'reserved_micro', 'budget', 'open')
+    tnew = not p[5]
+    add(tkey, tname, limit(c[2]), num(p[1]), num(p[2]), limit(c[3]), num(p[3]), num(p[4]), {p[2], p[6], p[4]})
+  end
+
+  -- The limiter is the books that leave the fewest output tokens; the goal wins ties, so a refusal
+  -- names a pool only when the pool is tighter. clamp_output() in Python is the token rule.
+  local out, lim, unit, frac = maxt, books[1], 'tokens', 0
+  for _, b in ipairs(books) do
+    if b.tb then
+      if b.tb > 0 then frac = math.max(frac, b.ts / b.tb) end
+      local o = math.min(maxt, b.tb - b.ts - b.tr - inp)
+      if o < out then out, lim, unit = o, b, 'tokens' end
+    end
+    if b.ub then
+      frac = math.max(frac, b.us / b.ub)
+      local o = priced and usd_out(b.ub - b.us - b.ur) or -1
+      if o < out then out, lim, unit = o, b, priced and 'usd' or 'unpriced' end
+    end
+  end
+  return g, books, tkey, tname, tnew, out, lim, unit, frac
+end
+
+local g, books, tkey, tname, tnew, out, lim, unit, frac = decide()
+if not g then return {'missing'} end
+-- Expired reservations (their holders died) are forfeited only when they could matter: when this
+-- call cannot have its full max_tokens. Then they are swept, and the call decided again. A call
+-- with room to spare costs no sweep; `Ledger.sweep`, every snapshot and the supervisor's rounds
+-- sweep too.
+if out < maxt and sweep(KEYS[2], KEYS[3], t, tonumber(ARGV[9])) > 0 then
+  g, books, tkey, tname, tnew, out, lim, unit, frac = decide()
 end
 local floor = math.max(1, math.min(maxt, minr))
 if out < floor then
@@ -609,30 +643,30 @@ end
 if tnew then
   redis.call('ZADD', ARGV[12] .. g[5] .. ':periods', string.format('%.6f', t), tname)
 end
-local rec = {KEYS[1], tostring(amount), tostring(fcost), ARGV[10], tkey}
+local rec = {ARGV[1], KEYS[1], tostring(amount), tostring(fcost), ARGV[10], tkey}
 for _, b in ipairs(books) do
   if b.key ~= KEYS[1] and b.key ~= tkey then rec[#rec + 1] = b.key end
 end
 local expires = t + tonumber(ARGV[5])
-redis.call('HSET', KEYS[2], ARGV[1], table.concat(rec, '\\n'))
-redis.call('ZADD', KEYS[3], string.format('%.6f', expires), ARGV[1])
+local member = table.concat(rec, '\\n')
+redis.call('ZADD', KEYS[3], string.format('%.6f', expires), member)
 return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or '', tostring(fcost), tname,
-        tostring(math.floor(frac * 1000))}
+        tostring(math.floor(frac * 1000)), member}
 """
 )
 
-# KEYS: open hash, expiry zset, [a key to delete as well: the goal's provider-trouble clock, which a
-#       successful call ends; in this script to save the caller a round trip].
-# ARGV: reservation id, mode ('settle' | 'release' | 'forfeit'),
+# KEYS: open hash, expiry zset.
+# ARGV: reservation's expiry entry (`Reservation.entry`, or its id), mode ('settle' | 'release' | 'forfeit'),
+#       end the goal's provider trouble ('1'/'0': its clock `trouble_since` is set to 0 in the same
+#       write as the goal's books, so a successful call ends it without a command of its own),
 #       then for 'settle': input, output, cache read, cache write tokens, cost, unpriced (0/1).
 # Returns 1 if the reservation was open (and is now closed), 0 if it was already closed.
 _CLOSE = (
     _LIB
     + """
 local u = {}
-for i = 3, #ARGV do u[#u + 1] = tonumber(ARGV[i]) end
-local closed = close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u)
-if KEYS[3] then redis.call('DEL', KEYS[3]) end
+for i = 4, #ARGV do u[#u + 1] = tonumber(ARGV[i]) end
+local closed = close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u, ARGV[3] == '1' and {'trouble_since', '0'} or nil)
 if closed then return 1 end
 return 0
 """
@@ -724,7 +758,8 @@ class Ledger:
     ) -> Reservation:
         """Set aside `estimated_input` + `max_tokens` (clamped to the headroom) for one call.
 
-        Sweeps expired reservations first, in the same atomic step. `model` prices the reservation
+        When the call cannot have its full `max_tokens`, expired reservations are swept first and the
+        call decided again, in the same atomic step. `model` prices the reservation
         should it be forfeited. Raises `BudgetExhausted` when fewer than `min(max_tokens,
         min_reservation)` output tokens would be left, in the goal or any of its pools, and
         `LedgerNotFound` when the goal's books were never opened.
@@ -771,23 +806,24 @@ class Ledger:
             cost_micro=int(_s(out[5])),
             tenant_pool=_s(out[6]) or None,
             spent_fraction=int(_s(out[7])) / 1000,
+            entry=_s(out[8]),
         )
 
     async def settle(
-        self, reservation: Reservation, usage: Usage, *, model: str | None = None, clear: str | None = None
+        self, reservation: Reservation, usage: Usage, *, model: str | None = None, end_trouble: bool = False
     ) -> bool:
         """Record what the call really used (priced for `model`, e.g. `ModelResponse.model`).
 
         True if this closed the reservation; False (nothing changed) if it was already settled,
         released, forfeited or expired: a retried settle, or one that arrives after expiry
-        already counted the full amount. `clear`: a key to delete in the same step, whatever the
-        outcome (the goal's provider-trouble clock, which a successful call ends).
+        already counted the full amount. `end_trouble`: a successful call ends the goal's provider
+        trouble (`bus.retry.TroubleClock`); its clock is reset in the same write as the books.
         """
         cost = self.prices.cost(model or reservation.model, usage)
         return await self._close_one(
             reservation,
             "settle",
-            clear,
+            end_trouble,
             usage.input_tokens,
             usage.output_tokens,
             usage.cache_read_tokens,
@@ -798,15 +834,17 @@ class Ledger:
 
     async def release(self, reservation: Reservation) -> bool:
         """Free the reservation: the call never reached the provider. Idempotent like `settle`."""
-        return await self._close_one(reservation, "release", None)
+        return await self._close_one(reservation, "release", False)
 
     async def forfeit(self, reservation: Reservation) -> bool:
         """Count the full reservation as spent: the call's outcome is unknown (timeout, cancellation)."""
-        return await self._close_one(reservation, "forfeit", None)
+        return await self._close_one(reservation, "forfeit", False)
 
-    async def _close_one(self, reservation: Reservation, mode: str, clear: str | None, *usage: int) -> bool:
-        keys = [self._open_key, self._expiry_key, *([clear] if clear else [])]
-        out = await self._close(keys=keys, args=[reservation.id, mode, *usage])
+    async def _close_one(self, reservation: Reservation, mode: str, end_trouble: bool, *usage: int) -> bool:
+        out = await self._close(
+            keys=[self._open_key, self._expiry_key],
+            args=[reservation.entry or reservation.id, mode, int(end_trouble), *usage],
+        )
         return bool(out)
 
     async def sweep(self) -> int:

@@ -235,9 +235,9 @@ class MeteredModel:
     ) -> None:
         try:
             if response is not None:
-                # The success also ends the goal's provider trouble: deleted by the settle script.
-                clear = self.trouble.key(self.goal_id) if self.trouble is not None else None
-                await self.ledger.settle(reservation, response.usage, model=response.model, clear=clear)
+                # The success also ends the goal's provider trouble, in the settle's own write.
+                end_trouble = self.trouble is not None
+                await self.ledger.settle(reservation, response.usage, model=response.model, end_trouble=end_trouble)
             elif failure is not None and nothing_billed(failure):
                 await self.ledger.release(reservation)
             else:

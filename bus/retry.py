@@ -101,28 +101,33 @@ def on_other_error(exc: BaseException, tries: int, policy: RetryPolicy, rng: ran
     return GiveUp(f"internal error after {tries} tries: {type(exc).__name__}: {exc}"[:2000])
 
 
+# KEYS: the goal's ledger books. ARGV: now (ms). Returns when the current trouble began (ms).
+_FAILED = """
+local since = redis.call('HGET', KEYS[1], 'trouble_since')
+if since and since ~= '0' then return tonumber(since) end
+redis.call('HSET', KEYS[1], 'trouble_since', ARGV[1])
+return tonumber(ARGV[1])
+"""
+
+
 class TroubleClock:
     """When a goal's current provider trouble began: set by its first failure, cleared by a success."""
 
+    # The clock is the field `trouble_since` (ms, 0 = no trouble) of the goal's ledger books: every
+    # successful call settles there anyway, and resets it in that same write (`Ledger.settle`).
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
+        self._failed = redis.register_script(_FAILED)
 
     async def failed(self, goal_id: str, now_ms: int) -> int:
         """Record a failure at `now_ms`; return when the current trouble began (ms)."""
-        key = self.keys.provider_trouble(goal_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(key, now_ms, nx=True, ex=7 * 24 * 3600)
-            pipe.get(key)
-            _, since = await pipe.execute()
-        return int(since) if since is not None else now_ms
-
-    def key(self, goal_id: str) -> str:
-        """The clock's key (a successful call deletes it, with its ledger settle: `Ledger.settle(clear=)`)."""
-        return self.keys.provider_trouble(goal_id)
+        since = await self._failed(keys=[self.keys.ledger(goal_id)], args=[now_ms])
+        return int(since)
 
     async def succeeded(self, goal_id: str) -> None:
-        await self.redis.delete(self.keys.provider_trouble(goal_id))
+        """End the goal's trouble (a successful call does it through its settle instead)."""
+        await self.redis.hset(self.keys.ledger(goal_id), "trouble_since", "0")  # type: ignore[misc]
 
 
 async def count_job_error(redis: Redis, keys: Keys, job_id: str) -> int:

@@ -226,8 +226,9 @@ return {'ok', cur, tostring(n)}
 # Resume a failed or budget_exhausted goal (the only ways out of those states; the state machine's
 # table keeps them final for every other writer). Accepted (`done`) tasks stay; every other task of
 # the goal that had not ended for good goes back to `pending`, to be dispatched as a new attempt.
-# KEYS: goal hash, task-id set, goal stream, global stream, active index, provider-trouble key,
-#       goal ledger, then arq result keys of the goal-level jobs to forget (their outcome is void).
+# KEYS: goal hash, task-id set, goal stream, global stream, active index, provider-trouble key (of
+#       an earlier version; the clock is now the ledger's `trouble_since`, ended here too), goal
+#       ledger, then arq result keys of the goal-level jobs to forget (their outcome is void).
 # ARGV: updated_at, event JSON (its state is patched in), maxlen, task-key prefix, goal id, now,
 #       new budget ('' = unchanged), task states reset to pending, resumable goal states, terminal
 #       goal states (each comma-separated)
@@ -267,6 +268,7 @@ for _, tid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
 end
 redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
 redis.call('DEL', KEYS[6])
+redis.call('HDEL', KEYS[7], 'trouble_since')
 for i = 8, #KEYS do redis.call('DEL', KEYS[i]) end
 local event = string.gsub(ARGV[2], '__TARGET__', target)
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', event)

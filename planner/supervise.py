@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from bus.approvals import ApprovalBook
 from bus.attempts import leased
 from bus.jobs import ExecuteJob, JobPayload, PlanJob, ReplanJob, ReviewGoalJob, ReviewJob
+from bus.ledger import Ledger
 from bus.observe import observe
 from bus.runtime import Runtime
 from bus.schemas import Event, GoalRecord, GoalState, Plan, TaskRecord, TaskState
@@ -141,7 +142,13 @@ def _count_redrive(function: str) -> None:
 
 
 async def supervise(rt: Runtime, stale_after: float, limit: int = 200) -> int:
-    """One pass: check every goal idle for `stale_after` seconds. Returns how many jobs it enqueued."""
+    """One pass: check every goal idle for `stale_after` seconds. Returns how many jobs it enqueued.
+
+    It also forfeits expired ledger reservations (their holders died): a reserve sweeps them only
+    when it is short of room, so this pass is what keeps idle books and pools exact."""
+    swept = await Ledger(rt.redis, rt.keys).sweep()
+    if swept:
+        log.info("supervisor.ledger_swept", reservations=swept)
     n = 0
     for goal_id in await rt.store.stale_goals(stale_after, limit):
         try:

@@ -26,9 +26,11 @@ from bus.ledger import (
     ModelPrice,
     PoolRef,
     PriceTable,
+    Reservation,
     clamp_output,
     ledger_keys,
 )
+from bus.retry import TroubleClock
 from bus.store import NotFound
 from llm.types import Usage
 
@@ -231,6 +233,53 @@ async def test_next_reserve_sweeps_expired_reservations(redis: ArqRedis, keys: K
     assert (caught.value.spent, caught.value.reserved) == (1000, 0)
     assert await short.sweep() == 0
 
+
+
+async def test_a_reserve_with_room_leaves_expired_reservations_to_the_sweep(redis: ArqRedis, keys: Keys) -> None:
+    """A reserve that gets its full max_tokens does not sweep (one command less per call); the
+    expired reservation is forfeited by the next sweep, snapshot or short reserve, never lost."""
+    short = Ledger(redis, keys, reservation_ttl=0.1)
+    await short.open("dead", 10_000)
+    await short.open("alive", 10_000)
+    await short.reserve("dead", 0, 2000)
+    await asyncio.sleep(0.15)
+    res = await short.reserve("alive", 0, 2000)
+    assert res.max_tokens == 2000
+    dead = await redis.hmget(keys.ledger("dead"), ["reserved", "expired"])  # type: ignore[misc]
+    assert [int(v or 0) for v in dead] == [2000, 0]  # still held: nobody needed the room
+    assert await short.sweep() == 1
+    snap = await short.snapshot("dead")
+    assert (snap.reserved, snap.spent_unknown, snap.expired, snap.open) == (0, 2000, 1, 0)
+
+
+async def _as_earlier_version(redis: Redis, keys: Keys, res: Reservation, score: float) -> None:
+    """Store `res` the way a worker of the earlier version did: a bare id in the expiry set, the
+    record (the entry without its id line) in the `ledger:open` hash."""
+    open_key, expiry_key, _ = ledger_keys(keys)
+    assert await redis.zrem(expiry_key, res.entry) == 1
+    await redis.zadd(expiry_key, {res.id: score})
+    await redis.hset(open_key, res.id, res.entry.split("\n", 1)[1])  # type: ignore[misc]
+
+
+async def test_a_reservation_of_the_earlier_layout_still_settles_and_expires(redis: ArqRedis, keys: Keys) -> None:
+    """Reservations opened before an upgrade (record in the open hash) close normally after it."""
+    ledger = Ledger(redis, keys, reservation_ttl=600)
+    await ledger.open("g", 10_000, [PoolRef("tenant:t", 50_000)])
+    res = await ledger.reserve("g", 100, 900)
+    await _as_earlier_version(redis, keys, res, res.expires_at)
+    old = res.model_copy(update={"entry": ""})
+    assert await ledger.settle(old, Usage(input_tokens=120, output_tokens=30))
+    assert not await ledger.settle(old, Usage(input_tokens=120, output_tokens=30))  # idempotent
+    gone = await ledger.reserve("g", 0, 500)
+    await _as_earlier_version(redis, keys, gone, 1.0)  # long expired
+    assert await ledger.sweep() == 1
+    snap = await ledger.snapshot("g")
+    pool = await ledger.pool_snapshot("tenant:t")
+    assert pool is not None
+    assert (snap.spent, snap.spent_unknown, snap.reserved, snap.open, snap.expired) == (650, 500, 0, 0, 1)
+    assert (pool.spent, pool.reserved, pool.open) == (650, 0, 0)
+    open_key, expiry_key, _ = ledger_keys(keys)
+    assert await redis.hlen(open_key) == 0 and await redis.zcard(expiry_key) == 0  # type: ignore[misc]
 
 async def test_usage_above_the_reservation_is_recorded_as_truth(ledger: Ledger) -> None:
     """An input estimate that was too low: the real usage is spent, the excess counted as overrun."""
@@ -468,3 +517,18 @@ async def test_four_processes_thousand_pairs_stay_within_budget(
     assert 500 <= ok <= 501 and snap.headroom < 356  # clamping lets the last pair use the remainder
     open_key, expiry_key, _ = ledger_keys(keys)
     assert await redis.hlen(open_key) == 0 and await redis.zcard(expiry_key) == 0  # type: ignore[misc]
+
+
+async def test_a_settle_that_ends_the_trouble_resets_the_goals_trouble_clock(ledger: Ledger) -> None:
+    """The provider-trouble clock keeps its first stamp until a successful call's settle resets it."""
+    clock = TroubleClock(ledger.redis, ledger.keys)
+    await ledger.open("g", 10_000)
+    assert await clock.failed("g", 1_000) == 1_000
+    assert await clock.failed("g", 5_000) == 1_000  # the same trouble: it began at the first failure
+    res = await ledger.reserve("g", 10, 100)
+    assert await ledger.settle(res, Usage(input_tokens=10, output_tokens=5))  # not a success of the trouble
+    assert await clock.failed("g", 6_000) == 1_000
+    res = await ledger.reserve("g", 10, 100)
+    assert await ledger.settle(res, Usage(input_tokens=10, output_tokens=5), end_trouble=True)
+    assert await clock.failed("g", 9_000) == 9_000  # a new trouble
+    assert (await ledger.snapshot("g")).spent == 30

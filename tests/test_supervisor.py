@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from arq.connections import ArqRedis
 
 from bus.jobs import ExecuteJob, PlanJob, ReviewJob
 from bus.keys import Keys
+from bus.ledger import Ledger
 from bus.runtime import Runtime
 from bus.schemas import Goal, GoalRecord, GoalState, Plan, TaskSpec, TaskState
 from planner.supervise import check_goal, supervise
@@ -85,3 +88,16 @@ async def test_a_corrupted_goal_record_fails_the_goal_visibly(redis: ArqRedis, k
     await supervise(rt, stale_after=0)
     assert (await redis.hget(keys.goal("g5"), "state")) == b"failed"
     assert b"corrupted record" in (await redis.hget(keys.goal("g5"), "reason") or b"")
+
+
+async def test_a_supervisor_pass_forfeits_expired_reservations(redis: ArqRedis, keys: Keys) -> None:
+    """A dead holder's reservation of a goal nobody calls for again is counted as spent by the
+    supervisor's next pass (reserves sweep only when short of room)."""
+    ledger = Ledger(redis, keys, reservation_ttl=0.05)
+    await ledger.open("idle", 10_000)
+    await ledger.reserve("idle", 10, 500)
+    await asyncio.sleep(0.1)
+    books = keys.ledger("idle")
+    assert await redis.hget(books, "expired") is None  # type: ignore[misc]
+    await supervise(Runtime.build(redis, keys), stale_after=3600)
+    assert [int(v) for v in await redis.hmget(books, ["reserved", "spent_unknown", "expired"])] == [0, 510, 1]  # type: ignore[misc]
