@@ -197,6 +197,9 @@ class AttemptStore:
         # True from taking the lease first (epoch 1) until this store writes: every step and pending
         # step is written under a lease, so none can exist yet, and reading them back is skipped.
         self._empty = False
+        # The turn this store wrote as the first thing under a first lease (a routed task's seeded
+        # turn): until its next write, the attempt is known to hold just that, and is not read back.
+        self._only_turn: ModelResponse | None = None
         self._acquire = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
         self._finish = redis.register_script(_FINISH)
@@ -220,6 +223,7 @@ class AttemptStore:
         self.epoch = int(out[1])
         self.started_ms = int(out[2])
         self._empty = self.epoch == 1
+        self._only_turn = None
         self.stored_result = out[3] or None
         return True
 
@@ -248,7 +252,7 @@ class AttemptStore:
         return bool(out)
 
     async def steps(self) -> list[StepRecord]:
-        if self._empty:
+        if self._empty or self._only_turn is not None:
             return []
         rows = await self.redis.lrange(self.steps_key, 0, -1)  # type: ignore[misc]
         return [StepRecord.model_validate_json(r) for r in rows]
@@ -256,6 +260,8 @@ class AttemptStore:
     async def pending(self) -> Pending:
         if self._empty:
             return Pending()
+        if self._only_turn is not None:
+            return Pending(turn=self._only_turn)
         raw = {
             (k.decode() if isinstance(k, bytes) else k): v
             for k, v in (await self.redis.hgetall(self.pending_key)).items()  # type: ignore[misc]
@@ -271,6 +277,7 @@ class AttemptStore:
 
     async def _set(self, *pairs: str, event: Event | None = None) -> None:
         self._empty = False
+        self._only_turn = None
         body = encode(event) if event is not None else ""
         ok = await self._pending_set(
             keys=[self.lease_key, self.pending_key, *self.streams],
@@ -280,7 +287,10 @@ class AttemptStore:
             raise LeaseLost(self.member, self.epoch)
 
     async def save_turn(self, response: ModelResponse) -> None:
+        first = self._empty
         await self._set("turn", response.model_dump_json())
+        if first:
+            self._only_turn = response
 
     async def mark_started(self, call_id: str) -> None:
         await self._set(f"started:{call_id}", "1")
@@ -291,6 +301,7 @@ class AttemptStore:
 
     async def append_step(self, step: StepRecord) -> None:
         self._empty = False
+        self._only_turn = None
         ok = await self._append(
             keys=[self.lease_key, self.steps_key, self.pending_key],
             args=[self.epoch, step.index, step.model_dump_json()],

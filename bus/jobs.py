@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 from arq.connections import ArqRedis
@@ -19,6 +19,7 @@ from arq.jobs import serialize_job
 from arq.utils import timestamp_ms
 from pydantic import BaseModel, ConfigDict, Field
 
+from .batch import ScriptCall, run_scripts
 from .keys import Keys
 from .schemas import GoalId, TaskId
 from .tracing import current_traceparent
@@ -168,6 +169,39 @@ class Jobs:
         """Enqueue `job` on its role's queue. False when that exact job was already enqueued.
 
         Inside `batch()`, the role's workers are woken once when the batch ends, not per job."""
+        batch = _BATCH.get()
+        call = self._enqueue_call(job, wake=batch is None)
+        queued = await call.script(keys=call.keys, args=call.args)
+        if not queued:
+            return False
+        if batch is not None:
+            batch.add(job.role)
+        return True
+
+    async def enqueue_many(self, jobs: Sequence[JobPayload]) -> list[bool]:
+        """Enqueue independent jobs in one round trip (each its own atomic script, as `enqueue`),
+        with one wake-up per role after the last of them; for each, whether it was enqueued.
+
+        The wake-up goes out even when every job was already enqueued (then it costs an idle
+        worker one poll). Inside `batch()`, the batch's end wakes instead."""
+        if len(jobs) <= 1:
+            return [await self.enqueue(job) for job in jobs]  # the wake-up rides in the script
+        batch = _BATCH.get()
+        roles = sorted({job.role for job in jobs})
+        wakes = [] if batch is not None else [self._wake_command(role) for role in roles]
+        replies = await run_scripts(self.redis, [self._enqueue_call(job, wake=False) for job in jobs], extra=wakes)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        if batch is not None:
+            batch.update(roles)
+        return [bool(reply) for reply in replies]
+
+    def _wake_command(self, role: str) -> tuple[str | int, ...]:
+        return ("XADD", self.keys.wake(role), "MAXLEN", "~", WAKE_MAXLEN, "*", "job", "batch")
+
+    def _enqueue_call(self, job: JobPayload, *, wake: bool) -> ScriptCall:
+        """The enqueue script's call for `job`; `wake`: it also wakes the role's idle workers."""
         if job.traceparent is None:
             traceparent = current_traceparent()
             if traceparent is not None:
@@ -180,11 +214,11 @@ class Jobs:
         driver = (
             json.dumps({"job_id": job_id, "function": job.function, "payload": payload}) if goal_id is not None else ""
         )
-        batch = _BATCH.get()
         now = timestamp_ms()
         serialized = serialize_job(job.function, (payload,), {}, None, now, serializer=self._serializer)
-        queued = await self._enqueue(
-            keys=[
+        return ScriptCall(
+            self._enqueue,
+            [
                 job_key_prefix + job_id,
                 result_key_prefix + job_id,
                 self.keys.queue(job.role),
@@ -193,22 +227,17 @@ class Jobs:
             ],
             # Wake the role's idle workers now (taskloom.wake); if this is lost, their fallback poll
             # still finds the job, just later.
-            args=[
+            [
                 job_id,
                 serialized,
                 self._expires_ms,
                 now,
                 job.slot() if driver else "",
                 driver,
-                "0" if batch is not None else "1",
+                "1" if wake else "0",
                 WAKE_MAXLEN,
             ],
         )
-        if not queued:
-            return False
-        if batch is not None:
-            batch.add(job.role)
-        return True
 
     @contextlib.asynccontextmanager
     async def batch(self) -> AsyncIterator[None]:
@@ -226,7 +255,7 @@ class Jobs:
             if roles:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for role in sorted(roles):
-                        pipe.xadd(self.keys.wake(role), {"job": "batch"}, maxlen=WAKE_MAXLEN, approximate=True)
+                        pipe.execute_command(*self._wake_command(role))
                     await pipe.execute()
 
     async def drivers(self, goal_id: str) -> dict[str, tuple[str, JobPayload | None, bool]]:

@@ -20,6 +20,7 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -29,6 +30,7 @@ from redis.exceptions import ResponseError
 from llm.types import ModelResponse
 
 from . import events as ev
+from .batch import ScriptCall, run_scripts
 from .keys import Keys
 from .schemas import (
     GOAL_RESUMABLE,
@@ -302,6 +304,16 @@ def _csv(states: Any) -> str:
 # In-process memory of what never changes once stored: a goal's deadline (part of its immutable
 # record) and each plan version (never overwritten). Bounded; the oldest entries go first.
 MEMO_SIZE = 2048
+
+
+@dataclass(frozen=True)
+class TaskMove:
+    """A task transition ready to send (`Store.task_move`): the script call and how to read its reply."""
+
+    entity: str
+    target: str
+    expected_attempt: int | None
+    call: ScriptCall
 
 
 class _Memo(OrderedDict[Any, Any]):
@@ -667,7 +679,7 @@ class Store:
             }
         )
 
-    async def transition_task(
+    def task_move(
         self,
         goal_id: str,
         task_id: str,
@@ -682,8 +694,9 @@ class Store:
         first_attempt: int | None = None,
         data: dict[str, Any] | None = None,
         causes: Sequence[Event] = (),
-    ) -> bool:
-        """Move a task to `target`. True if it moved, False if it was already there.
+    ) -> TaskMove:
+        """The move of a task to `target`, to make with `transition_task` or, with others in one
+        round trip, `transition_tasks`.
 
         `causes`: events appended just before the move's `task.state` event, in the same script and
         only if it moves (the critic's verdict that made it): never one without the other.
@@ -718,7 +731,7 @@ class Store:
                 **(data or {}),
             },
         )
-        out = await self._run_transition(
+        keys, args = self._transition_call(
             self._task_key(goal_id, task_id),
             goal_id,
             target.value,
@@ -728,7 +741,56 @@ class Store:
             patch,
             causes=causes,
         )
-        return self._outcome(out, f"task {goal_id}/{task_id}", target.value, expected_attempt)
+        call = ScriptCall(self._transition, keys, args)
+        return TaskMove(f"task {goal_id}/{task_id}", target.value, expected_attempt, call)
+
+    async def transition_task(
+        self,
+        goal_id: str,
+        task_id: str,
+        target: TaskState,
+        *,
+        expected_attempt: int | None = None,
+        attempt: int | None = None,
+        reason: str | None = None,
+        feedback: str | None = None,
+        plan_version: int | None = None,
+        expected_state: TaskState | None = None,
+        first_attempt: int | None = None,
+        data: dict[str, Any] | None = None,
+        causes: Sequence[Event] = (),
+    ) -> bool:
+        """Move a task to `target` (`task_move` says how). True if it moved, False if it was already there."""
+        move = self.task_move(
+            goal_id,
+            task_id,
+            target,
+            expected_attempt=expected_attempt,
+            attempt=attempt,
+            reason=reason,
+            feedback=feedback,
+            plan_version=plan_version,
+            expected_state=expected_state,
+            first_attempt=first_attempt,
+            data=data,
+            causes=causes,
+        )
+        out = await move.call.script(keys=move.call.keys, args=move.call.args)
+        return self._outcome(out, move.entity, move.target, move.expected_attempt)
+
+    async def transition_tasks(self, moves: Sequence[TaskMove]) -> list[bool | StoreError]:
+        """Make independent task moves in one round trip, each atomic on its own: for each, True
+        (moved), False (already there) or the error `transition_task` would raise (not raised)."""
+        replies = await run_scripts(self.redis, [m.call for m in moves])
+        out: list[bool | StoreError] = []
+        for move, reply in zip(moves, replies, strict=True):
+            if isinstance(reply, BaseException):
+                raise reply  # Redis trouble, not an outcome of the move
+            try:
+                out.append(self._outcome(reply, move.entity, move.target, move.expected_attempt))
+            except StoreError as exc:
+                out.append(exc)
+        return out
 
     # -- results ------------------------------------------------------------------------------
     async def latest_results(
@@ -776,6 +838,24 @@ class Store:
         leave: tuple[str, str] | None = None,
         causes: Sequence[Event] = (),
     ) -> list[Any]:
+        keys, args = self._transition_call(
+            key, goal_id, target, sources, expected_attempt, event, patch, leave=leave, causes=causes
+        )
+        out: list[Any] = await self._transition(keys=keys, args=args)
+        return out
+
+    def _transition_call(
+        self,
+        key: str,
+        goal_id: str,
+        target: str,
+        sources: frozenset[Any],
+        expected_attempt: int | None,
+        event: Event,
+        patch: dict[str, str | int],
+        leave: tuple[str, str] | None = None,
+        causes: Sequence[Event] = (),
+    ) -> tuple[list[str], list[str | int]]:
         ended = key == self.keys.goal(goal_id) and target in {s.value for s in GOAL_TERMINAL}
         args: list[str | int] = [
             target,
@@ -795,8 +875,7 @@ class Store:
             args += [k, v]
         leave_key = leave[0] if leave else self.keys.submitted_index()  # untouched when ARGV[6] is ''
         keys = [key, *self._streams(goal_id), leave_key, self.keys.active_index()]
-        out: list[Any] = await self._transition(keys=keys, args=args)
-        return out
+        return keys, args
 
     @staticmethod
     def _outcome(out: list[Any], entity: str, target: str, expected_attempt: int | None = None) -> bool:

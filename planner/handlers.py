@@ -7,9 +7,7 @@ id, moving a record to the state it is already in). A goal that has ended gets n
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import structlog
 
@@ -268,21 +266,10 @@ async def _dispatch_and_review(rt: Runtime, goal_id: str, stored: StoredPlan) ->
     """Dispatch every ready task; when every task of the plan is done, hand the goal to review."""
     records = await rt.store.get_tasks(goal_id)
     states = {tid: rec.state for tid, rec in records.items()}
-    # Every ready task at once: each dispatch is independent (its own atomic claim and job id), and
-    # the last one dispatched is on the goal's critical path, so none waits for the others' round trips.
-    dispatches: list[Coroutine[Any, Any, Any]] = [
-        _dispatch(rt, records[tid]) for tid in ready_tasks(stored.plan, states) if tid in records
-    ]
-    for spec in stored.plan.tasks:
-        rec = records.get(spec.id)
-        if rec is not None and rec.state is TaskState.READY:
-            # Claimed by a run that stopped before its enqueue; the deterministic job id dedupes.
-            dispatches.append(rt.jobs.enqueue(ExecuteJob(goal_id=goal_id, task_id=rec.task_id, attempt=rec.attempt)))
-    if len(dispatches) > 1:
-        async with rt.jobs.batch():  # the executors are woken once, after the last of these enqueues
-            await _all(dispatches)
-    else:
-        await _all(dispatches)  # a single job's wake-up goes in its enqueue script (no extra round trip)
+    claimable = [records[tid] for tid in ready_tasks(stored.plan, states) if tid in records]
+    # Claimed by a run that stopped before its enqueue: enqueued again (the job id dedupes).
+    unqueued = [rec for rec in records.values() if rec.state is TaskState.READY and stored.plan.task(rec.task_id)]
+    await _dispatch(rt, goal_id, claimable, unqueued)
     if all_done(stored.plan, states) and await _move_goal(rt, goal_id, GoalState.REVIEWING):
         await _enqueue_final(rt, goal_id, stored, records)
         log.info("plan.all_done", version=stored.version)
@@ -298,41 +285,50 @@ async def _enqueue_final(
     await rt.jobs.enqueue(ReviewGoalJob(goal_id=goal_id, plan_version=stored.version, attempts=key))
 
 
-async def _dispatch(rt: Runtime, rec: TaskRecord) -> None:
-    """pending -> ready (the atomic claim) with the next attempt, then enqueue the execute job.
+async def _dispatch(rt: Runtime, goal_id: str, pending: list[TaskRecord], ready: list[TaskRecord]) -> None:
+    """Claim each `pending` task (pending -> ready, the atomic claim, with the next attempt), then
+    enqueue the execute job of every task claimed here and of every `ready` one (claimed by a run
+    that stopped before its enqueue; the deterministic job id dedupes).
 
-    Attempts keep counting across plan versions: a task a replan brings back must not reuse an
-    attempt number, whose job id and stored result already exist.
+    The claims go out in one round trip and the enqueues in another, each still its own atomic
+    script: every ready task at once, and the last one is on the goal's critical path. Attempts keep
+    counting across plan versions: a task a replan brings back must not reuse an attempt number,
+    whose job id and stored result already exist.
     """
-    attempt = rec.attempt + 1
-    try:
+    moves = [
         # pending -> ready starts the task under its current plan version: retries count from here.
-        claimed = await rt.store.transition_task(
-            rec.goal_id, rec.task_id, TaskState.READY, attempt=attempt, first_attempt=attempt
-        )
-    except IllegalTransition as exc:
-        log.info("task.dispatch_skipped", task_id=rec.task_id, state=exc.current)  # moved on meanwhile
-        return
-    if not claimed:
-        # Already ready: claimed concurrently, or by a crashed run; enqueue its attempt anyway.
-        now = await rt.store.get_task(rec.goal_id, rec.task_id)
-        if now.state is not TaskState.READY:
-            return
-        attempt = now.attempt
-    await rt.jobs.enqueue(ExecuteJob(goal_id=rec.goal_id, task_id=rec.task_id, attempt=attempt))
-    log.info("task.dispatched", task_id=rec.task_id, attempt=attempt, claimed=claimed)
+        rt.store.task_move(goal_id, rec.task_id, TaskState.READY, attempt=n, first_attempt=n)
+        for rec in pending
+        for n in (rec.attempt + 1,)
+    ]
+    jobs = [ExecuteJob(goal_id=goal_id, task_id=rec.task_id, attempt=rec.attempt) for rec in ready]
+    claimed: dict[str, bool] = {}
+    failure: BaseException | None = None
+    for rec, outcome in zip(pending, await rt.store.transition_tasks(moves), strict=True):
+        attempt = rec.attempt + 1
+        if isinstance(outcome, IllegalTransition):
+            log.info("task.dispatch_skipped", task_id=rec.task_id, state=outcome.current)  # moved on meanwhile
+            continue
+        if isinstance(outcome, BaseException):
+            failure = failure or outcome  # the others still go out; this job's re-run redoes it
+            continue
+        if not outcome:
+            # Already ready: claimed concurrently, or by a crashed run; enqueue its attempt anyway.
+            now = await rt.store.get_task(goal_id, rec.task_id)
+            if now.state is not TaskState.READY:
+                continue
+            attempt = now.attempt
+        claimed[rec.task_id] = outcome
+        jobs.append(ExecuteJob(goal_id=goal_id, task_id=rec.task_id, attempt=attempt))
+    await rt.jobs.enqueue_many(jobs)
+    for job in jobs:
+        if job.task_id in claimed:
+            log.info("task.dispatched", task_id=job.task_id, attempt=job.attempt, claimed=claimed[job.task_id])
+    if failure is not None:
+        raise failure
 
 
 # -- small I/O helpers ------------------------------------------------------------------------
-
-
-async def _all(steps: list[Coroutine[Any, Any, Any]]) -> None:
-    """Run independent steps concurrently; every one runs to its end before the first error is
-    raised (a failed enqueue is re-done by the job's re-run, as when they ran one by one)."""
-    outcomes = await asyncio.gather(*steps, return_exceptions=True)
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
 
 
 async def _accepted_results(

@@ -15,9 +15,9 @@ from bus.attempts import AttemptStore, StepRecord
 from bus.jobs import ExecuteJob, Jobs, PlanJob
 from bus.keys import Keys
 from bus.ledger import Ledger
-from bus.schemas import Goal, GoalRecord, GoalState, utcnow
-from bus.store import Store
-from llm.types import Message, TextBlock, Usage
+from bus.schemas import Goal, GoalRecord, GoalState, Plan, TaskSpec, TaskState, utcnow
+from bus.store import IllegalTransition, Store
+from llm.types import Message, ModelResponse, TextBlock, Usage
 
 
 async def test_an_enqueued_job_is_what_arq_reads_with_its_driver_record(redis: ArqRedis, keys: Keys) -> None:
@@ -94,3 +94,65 @@ async def test_a_book_field_that_is_no_integer_is_refused_as_hincrby_refused_it(
     await redis.hset(keys.ledger("g4"), "spent_input", "lots")  # type: ignore[misc]
     with pytest.raises(ResponseError, match="not an integer"):
         await ledger.settle(r, Usage(input_tokens=10, output_tokens=5))
+
+
+async def test_enqueue_many_sends_each_job_once_and_wakes_each_role_once(redis: ArqRedis, keys: Keys) -> None:
+    """Several jobs in one round trip: each enqueued as `enqueue` would (a duplicate refused), one
+    wake-up per role at the end, and inside a batch the batch's end wakes instead."""
+    jobs = Jobs(redis, keys)
+    first = ExecuteJob(goal_id="m" * 32, task_id="a", attempt=1)
+    assert await jobs.enqueue_many([first, ExecuteJob(goal_id="m" * 32, task_id="b", attempt=1), first]) == [
+        True,
+        True,
+        False,
+    ]
+    assert await redis.zcard(keys.queue("executor")) == 2
+    assert await redis.xlen(keys.wake("executor")) == 1
+    arq_job = Job(jobs.job_id(first), redis, _queue_name=keys.queue("executor"))
+    info = await arq_job.info()
+    assert info is not None and info.function == "execute" and info.args[0]["task_id"] == "a"
+    async with jobs.batch():
+        assert await jobs.enqueue_many([PlanJob(goal_id="n" * 32), PlanJob(goal_id="o" * 32)]) == [True, True]
+        assert await redis.xlen(keys.wake("planner")) == 0
+    assert await redis.xlen(keys.wake("planner")) == 1
+
+
+async def test_batched_task_moves_report_each_outcome_and_survive_a_flushed_script_cache(
+    redis: ArqRedis, keys: Keys
+) -> None:
+    """`transition_tasks`: each move atomic on its own, its outcome (moved, already there, illegal)
+    reported, not raised; after `SCRIPT FLUSH` (a restarted Redis) the batch loads the script again."""
+    store = Store(redis, keys)
+    await store.create_goal(GoalRecord(id="g9", goal=Goal(text="x"), budget_tokens=100))
+    plan = Plan(
+        tasks=[TaskSpec(id=t, title=t, instructions="do", definition_of_done="done") for t in ("a", "b", "c")]
+    )
+    await store.save_plan("g9", plan, expected_version=0)
+    await store.transition_task("g9", "b", TaskState.READY)
+    await store.transition_task("g9", "c", TaskState.CANCELLED)
+    await redis.script_flush()
+    moves = [store.task_move("g9", t, TaskState.READY, attempt=1) for t in ("a", "b", "c")]
+    a, b, c = await store.transition_tasks(moves)
+    assert a is True and b is False
+    assert isinstance(c, IllegalTransition) and c.current == "cancelled"
+    assert (await store.get_task("g9", "a")).attempt == 1
+
+
+async def test_a_turn_seeded_first_is_known_without_a_read_and_stored_for_the_next_holder(
+    redis: ArqRedis, keys: Keys
+) -> None:
+    """A first lease holder that seeds a turn knows the attempt holds just that turn (no read back);
+    what it wrote is what the next holder reads, and its next write ends the shortcut."""
+    store = AttemptStore(redis, keys, "g2", "t", 1)
+    assert await store.acquire("me", 5)
+    turn = ModelResponse(
+        content=[TextBlock(text="routed")], stop_reason="tool_use", usage=Usage(input_tokens=3), model="m"
+    )
+    await store.save_turn(turn)
+    assert await store.steps() == [] and (await store.pending()).turn == turn
+    await store.mark_started("call_1")
+    assert (await store.pending()).started == {"call_1"}  # read back after its next write
+    await store.release()
+    again = AttemptStore(redis, keys, "g2", "t", 1)
+    assert await again.acquire("other", 5)
+    assert (await again.pending()).turn == turn and await again.steps() == []

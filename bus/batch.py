@@ -1,0 +1,61 @@
+"""Several Lua script calls in one round trip.
+
+A worker's CPU per job goes mostly to round trips, not to the commands in them (a `send` on TCP
+loopback costs about as much as a small script: bench/RESULTS.md). Where a step makes independent
+script calls (the planner claiming every ready task, then enqueueing each task's job), they go out
+here as one non-transactional pipeline of `EVALSHA`s: each call is still its own atomic script, as
+when they were sent one by one, and each gets its own reply or error.
+
+redis-py's `Script` objects would do this too, but a pipeline holding them first asks the server
+`SCRIPT EXISTS` (one more round trip every time). Here a script the server lost (a restart, a
+`SCRIPT FLUSH`) is loaded and only the calls that did not run are sent again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    """One call of a registered script: its keys and arguments."""
+
+    script: AsyncScript
+    keys: Sequence[str]
+    args: Sequence[str | int | float | bytes]
+
+
+async def run_scripts(redis: Redis, calls: Sequence[ScriptCall], *, extra: Sequence[Sequence[Any]] = ()) -> list[Any]:
+    """Run `calls` in one round trip; returns each call's reply, or the exception it raised.
+
+    `extra`: plain commands (e.g. `("XADD", key, ...)`) sent after the calls in the same round trip;
+    their replies are not returned, an error of theirs is raised."""
+    if not calls and not extra:
+        return []
+    replies = await _send(redis, calls, extra)
+    lost = [i for i, r in enumerate(replies[: len(calls)]) if isinstance(r, NoScriptError)]
+    if lost:
+        for script in {id(calls[i].script): calls[i].script for i in lost}.values():
+            script.sha = await redis.script_load(script.script)
+        again = await _send(redis, [calls[i] for i in lost], ())
+        for i, reply in zip(lost, again, strict=True):
+            replies[i] = reply
+    for reply in replies[len(calls) :]:
+        if isinstance(reply, BaseException):
+            raise reply
+    return replies[: len(calls)]
+
+
+async def _send(redis: Redis, calls: Sequence[ScriptCall], extra: Sequence[Sequence[Any]]) -> list[Any]:
+    async with redis.pipeline(transaction=False) as pipe:
+        for call in calls:
+            pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+        for command in extra:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
