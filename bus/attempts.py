@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 
 from llm.types import Message, ModelResponse, Usage
 
+from .batch import ScriptCall
 from .events import encode
 from .keys import Keys
 from .schemas import Event, TaskResult
@@ -241,7 +242,12 @@ class AttemptStore:
         return self._renew
 
     async def finish(self) -> None:
-        await self._finish(keys=[self.lease_key, self.keys.leases()], args=[self.epoch, self.member])
+        call = self.finish_call()
+        await call.script(keys=call.keys, args=call.args)
+
+    def finish_call(self) -> ScriptCall:
+        """The attempt is over: the lease's end, to send with other calls (`bus.batch`)."""
+        return ScriptCall(self._finish, [self.lease_key, self.keys.leases()], [self.epoch, self.member])
 
     async def release(self, watchdog_after: float = 0.0) -> bool:
         """Give the unfinished attempt up for another executor to resume now (not after the TTL).

@@ -178,6 +178,18 @@ class Jobs:
             batch.add(job.role)
         return True
 
+    async def enqueue_with(self, job: JobPayload, *others: ScriptCall) -> bool:
+        """`enqueue(job)`, with independent script calls (`others`, each atomic on its own) in the
+        same round trip, sent after it; an error of any of them is raised once all have run."""
+        batch = _BATCH.get()
+        replies = await run_scripts(self.redis, [self._enqueue_call(job, wake=batch is None), *others])
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        if replies[0] and batch is not None:
+            batch.add(job.role)
+        return bool(replies[0])
+
     async def enqueue_many(self, jobs: Sequence[JobPayload]) -> list[bool]:
         """Enqueue independent jobs in one round trip (each its own atomic script, as `enqueue`),
         with one wake-up per role after the last of them; for each, whether it was enqueued.

@@ -648,6 +648,21 @@ class Store:
             raise NotFound("task", f"{goal_id}/{task_id}")
         return self._task_record(goal_id, task_id, raw)
 
+    async def get_task_and_result(
+        self, goal_id: str, task_id: str, attempt: int
+    ) -> tuple[TaskRecord, TaskResult | None]:
+        """The task and the stored result of its `attempt` (None if none), read in one round trip.
+
+        The task is read first: an executor stores the result before it moves the task to review,
+        so a task seen in review has its result in the read that follows."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self._task_key(goal_id, task_id))
+            pipe.hget(self.keys.results(goal_id), self.keys.result_field(task_id, attempt))
+            raw, result = await pipe.execute()
+        if not raw:
+            raise NotFound("task", f"{goal_id}/{task_id}")
+        return self._task_record(goal_id, task_id, raw), self.parse_result(goal_id, task_id, attempt, result)
+
     async def get_tasks(self, goal_id: str) -> dict[str, TaskRecord]:
         ids = sorted(_s(i) for i in await self.redis.smembers(self._task_ids_key(goal_id)))  # type: ignore[misc]
         async with self.redis.pipeline(transaction=False) as pipe:

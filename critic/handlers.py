@@ -64,7 +64,9 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
     if goal.terminal:
         log.info("review.skipped", state=goal.state.value)
         return
-    task = await rt.store.get_task(job.goal_id, job.task_id)
+    # The attempt's result comes with the task (one round trip); it is used only if the task is in
+    # review with this job's attempt.
+    task, result = await rt.store.get_task_and_result(job.goal_id, job.task_id, job.attempt)
     if task.state is not TaskState.REVIEWING or task.attempt != job.attempt:
         await _redrive(rt, goal, task, job)
         return
@@ -81,7 +83,6 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
     # Beside this review, not before it: neither waits for the other's round trips.
     speculation = None if final else asyncio.create_task(_speculate(rt, goal, stored))
     try:
-        result = await rt.store.get_result(goal.id, task.task_id, task.attempt)
         judged = await _judge(rt, goal, task, spec, result, final)
     finally:
         if speculation is not None:

@@ -337,8 +337,9 @@ async def _finish(rt: Runtime, store: AttemptStore, result: TaskResult) -> None:
         log.info("execute.not_reviewed", reason=str(exc))  # cancelled or superseded meanwhile
         await store.finish()
         return
-    await rt.jobs.enqueue(ReviewJob(goal_id=gid, task_id=tid, attempt=attempt))
-    await store.finish()
+    # The review's enqueue and the lease's end in one round trip. Should the enqueue fail, this
+    # job's re-run finds the task in review and enqueues it again (`_start`).
+    await rt.jobs.enqueue_with(ReviewJob(goal_id=gid, task_id=tid, attempt=attempt), store.finish_call())
 
 
 async def recover_expired(rt: Runtime, limit: int = 100) -> int:

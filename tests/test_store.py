@@ -137,6 +137,23 @@ async def test_result_first_write_wins(redis: ArqRedis, keys: Keys) -> None:
     assert got is not None and got.answer == "first"
 
 
+async def test_a_task_is_read_with_its_attempts_result(redis: ArqRedis, keys: Keys) -> None:
+    """`get_task_and_result`: the task and the named attempt's result (None when that attempt has
+    none); a task that does not exist is NotFound, as with `get_task`."""
+    store = Store(redis, keys)
+    await _goal(store)
+    await store.save_plan("g1", _plan("a"), expected_version=0)
+    attempt = AttemptStore(redis, keys, "g1", "a", 1)
+    assert await attempt.acquire("run", ttl=30)
+    await attempt.save_result(TaskResult(goal_id="g1", task_id="a", attempt=1, answer="42", stop_reason="answered"))
+    task, result = await store.get_task_and_result("g1", "a", 1)
+    assert task.task_id == "a" and task.state is TaskState.PENDING
+    assert result is not None and result.answer == "42"
+    assert (await store.get_task_and_result("g1", "a", 2))[1] is None
+    with pytest.raises(NotFound):
+        await store.get_task_and_result("g1", "zz", 1)
+
+
 async def test_fifty_sibling_transitions_from_separate_connections_lose_nothing(
     redis: ArqRedis, keys: Keys, redis_url: str
 ) -> None:
