@@ -443,9 +443,9 @@ local function book(key, amount, fcost, mode, u, model, extra)
   add_all(key, fields, delta, extra)
 end
 
--- `member` is the reservation's entry in the expiry set: its id, then its record (the record in the member
--- itself, so opening and closing a reservation each write one key less). A member that is a bare id
--- was written by a worker of an earlier version, which kept the record in the open hash.
+-- `member` is the reservation's entry in the expiry set: its id, then its record (kept in the
+-- member itself, so opening and closing a reservation each touch one key less). A member that is a
+-- bare id was written by a worker of an earlier version, which kept the record in the open hash.
 -- `goal_extra`: field/value pairs written to the goal's books with the same HSET.
 local function close(open_key, expiry_key, member, mode, u, goal_extra)
   if redis.call('ZREM', expiry_key, member) == 0 then return false end

@@ -199,6 +199,9 @@ class Plan(_Model):
         """The spec of one task of this plan (None when the plan has no such task)."""
         return next((t for t in self.tasks if t.id == task_id), None)
 
+    def task_ids(self) -> list[str]:
+        return [t.id for t in self.tasks]
+
 
 # How the planner's first call went (docs/internals.md, "Route first"): the model submitted a plan,
 # or called the goal's tools itself (the goal is one task whose first step that call was), or

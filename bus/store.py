@@ -393,6 +393,27 @@ class Store:
             raw = await self.redis.hgetall(self.keys.goal(goal_id))  # type: ignore[misc]
         except ResponseError as exc:  # WRONGTYPE: the key holds something other than a goal hash
             raise _corrupt("goal", self.keys.goal(goal_id), exc) from None
+        return self._goal_record(goal_id, raw)
+
+    async def get_goal_and_task(self, goal_id: str, task_id: str) -> tuple[GoalRecord, TaskRecord]:
+        """`get_goal` and `get_task` in one round trip (the goal from the job's hand-over when it has one)."""
+        handed = _JUST_READ.get()
+        if handed is not None and handed[0] == goal_id:
+            return await self.get_goal(goal_id), await self.get_task(goal_id, task_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.goal(goal_id))
+            pipe.hgetall(self._task_key(goal_id, task_id))
+            goal_raw, task_raw = await pipe.execute(raise_on_error=False)
+        if isinstance(goal_raw, ResponseError):
+            raise _corrupt("goal", self.keys.goal(goal_id), goal_raw)
+        goal = self._goal_record(goal_id, goal_raw)
+        if isinstance(task_raw, ResponseError):
+            raise _corrupt("task", self._task_key(goal_id, task_id), task_raw)
+        if not task_raw:
+            raise NotFound("task", f"{goal_id}/{task_id}")
+        return goal, self._task_record(goal_id, task_id, task_raw)
+
+    def _goal_record(self, goal_id: str, raw: dict[Any, Any]) -> GoalRecord:
         if not raw:
             raise NotFound("goal", goal_id)
         h = {_s(k): _s(v) for k, v in raw.items()}
@@ -663,8 +684,12 @@ class Store:
             raise NotFound("task", f"{goal_id}/{task_id}")
         return self._task_record(goal_id, task_id, raw), self.parse_result(goal_id, task_id, attempt, result)
 
-    async def get_tasks(self, goal_id: str) -> dict[str, TaskRecord]:
-        ids = sorted(_s(i) for i in await self.redis.smembers(self._task_ids_key(goal_id)))  # type: ignore[misc]
+    async def get_tasks(self, goal_id: str, ids: Iterable[str] | None = None) -> dict[str, TaskRecord]:
+        """The goal's task records, or only those of `ids` (the tasks of a plan, whose records its
+        store wrote with it: one round trip instead of two); a task without a record is left out."""
+        if ids is None:
+            ids = await self.redis.smembers(self._task_ids_key(goal_id))  # type: ignore[misc]
+        ids = sorted({_s(i) for i in ids})
         async with self.redis.pipeline(transaction=False) as pipe:
             for tid in ids:
                 pipe.hgetall(self._task_key(goal_id, tid))

@@ -114,7 +114,7 @@ async def _speculate(rt: Runtime, goal: GoalRecord, stored: StoredPlan) -> None:
     """Every task of the plan has a result in review or accepted: start the final answer now, for
     exactly these attempts (`bus.synthesis`). Each review job checks after its own task reached
     review, so the last of them always sees them all; they enqueue one job (the id dedupes)."""
-    key = speculation_key(stored.plan, await rt.store.get_tasks(goal.id))
+    key = speculation_key(stored.plan, await rt.store.get_tasks(goal.id, stored.plan.task_ids()))
     if key is not None and await rt.jobs.enqueue(
         ReviewGoalJob(goal_id=goal.id, plan_version=stored.version, attempts=key)
     ):
@@ -349,7 +349,7 @@ async def conclude(rt: Runtime, goal_id: str, stored: StoredPlan | None = None) 
     if stored is None or stored.version != goal.plan_version:
         # A caller's plan from before a replan must not conclude the new one.
         stored = await rt.store.get_plan(goal_id, goal.plan_version)
-    records = await rt.store.get_tasks(goal_id)
+    records = await rt.store.get_tasks(goal_id, stored.plan.task_ids())
     key = accepted_key(stored.plan, records)
     if key is None:
         return "not_done"

@@ -113,7 +113,7 @@ async def execute(rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Ca
 
     The attempt holds one of its tenant's running slots (`bus.tenants`, `max_running`) while it
     runs; when none is free, `TenantBusy` escapes and the job layer runs this job again shortly."""
-    goal = await rt.store.get_goal(job.goal_id)
+    goal, task = await rt.store.get_goal_and_task(job.goal_id, job.task_id)
     if goal.state in GOAL_TERMINAL:
         log.info("execute.skipped", reason=f"goal {goal.state.value}")
         return
@@ -124,7 +124,7 @@ async def execute(rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Ca
     slot = TenantSlot(tenants, tenant, member, rt.limits.lease_ttl)
     renew = asyncio.create_task(_keep(rt.renewer(), slot))
     try:
-        await _execute(rt, job, goal, tools, stopping)
+        await _execute(rt, job, goal, task, tools, stopping)
     finally:
         renew.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -140,10 +140,16 @@ async def _keep(renewals: Renewals, item: Renewal) -> None:
 
 
 async def _execute(
-    rt: Runtime, job: ExecuteJob, goal: GoalRecord, tools: ToolCatalog, stopping: Callable[[], bool] | None
+    rt: Runtime,
+    job: ExecuteJob,
+    goal: GoalRecord,
+    read: TaskRecord,
+    tools: ToolCatalog,
+    stopping: Callable[[], bool] | None,
 ) -> None:
-    """`goal`: as `execute` read it, just before taking the tenant slot (it was not terminal then)."""
-    task = await _start(rt, job)
+    """`goal` and the task (`read`): as `execute` read them together, just before taking the tenant
+    slot (the goal was not terminal then)."""
+    task = await _start(rt, job, read)
     if task is None:
         return
     store = AttemptStore(rt.redis, rt.keys, job.goal_id, job.task_id, job.attempt, rt.events.maxlen)
@@ -192,12 +198,13 @@ async def _execute(
         observe(lambda o: o.task_run(outcome, seconds))
 
 
-async def _start(rt: Runtime, job: ExecuteJob) -> TaskRecord | None:
-    """Move the job's task to `running` if this job may run it; None (logged) when it may not.
+async def _start(rt: Runtime, job: ExecuteJob, task: TaskRecord) -> TaskRecord | None:
+    """Move the job's task (`task`, as just read) to `running` if this job may run it; None (logged)
+    when it may not.
 
-    The goal was read (not terminal) by `execute` one round trip earlier, not again here: a goal
-    that ends after that read is the same race as one that ends just after any read."""
-    task = await rt.store.get_task(job.goal_id, job.task_id)
+    The goal and the task were read together by `execute`, one round trip earlier, not again here:
+    a goal or task that moves after that read is the same race as one that moves just after any
+    read (the move to running is checked in its script)."""
     if task.attempt != job.attempt:
         log.info("execute.skipped", reason=f"task is on attempt {task.attempt}")
         return None

@@ -264,7 +264,7 @@ async def _finish_replan(rt: Runtime, goal: GoalRecord, old: Plan, new: StoredPl
 
 async def _dispatch_and_review(rt: Runtime, goal_id: str, stored: StoredPlan) -> None:
     """Dispatch every ready task; when every task of the plan is done, hand the goal to review."""
-    records = await rt.store.get_tasks(goal_id)
+    records = await rt.store.get_tasks(goal_id, stored.plan.task_ids())
     states = {tid: rec.state for tid, rec in records.items()}
     claimable = [records[tid] for tid in ready_tasks(stored.plan, states) if tid in records]
     # Claimed by a run that stopped before its enqueue: enqueued again (the job id dedupes).
@@ -280,7 +280,7 @@ async def _enqueue_final(
 ) -> None:
     """The final answer's job, for the accepted attempts. A speculative job the critic started for
     the same attempts has the same id (no second call); once it has run, the critic concludes."""
-    records = records if records is not None else await rt.store.get_tasks(goal_id)
+    records = records if records is not None else await rt.store.get_tasks(goal_id, stored.plan.task_ids())
     key = accepted_key(stored.plan, records) or ""
     await rt.jobs.enqueue(ReviewGoalJob(goal_id=goal_id, plan_version=stored.version, attempts=key))
 
@@ -295,11 +295,12 @@ async def _dispatch(rt: Runtime, goal_id: str, pending: list[TaskRecord], ready:
     counting across plan versions: a task a replan brings back must not reuse an attempt number,
     whose job id and stored result already exist.
     """
+    # pending -> ready starts the task under its current plan version: retries count from here.
     moves = [
-        # pending -> ready starts the task under its current plan version: retries count from here.
-        rt.store.task_move(goal_id, rec.task_id, TaskState.READY, attempt=n, first_attempt=n)
+        rt.store.task_move(
+            goal_id, rec.task_id, TaskState.READY, attempt=rec.attempt + 1, first_attempt=rec.attempt + 1
+        )
         for rec in pending
-        for n in (rec.attempt + 1,)
     ]
     jobs = [ExecuteJob(goal_id=goal_id, task_id=rec.task_id, attempt=rec.attempt) for rec in ready]
     claimed: dict[str, bool] = {}

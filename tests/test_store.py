@@ -12,7 +12,7 @@ from bus.connection import redis_settings
 from bus.events import EventLog
 from bus.keys import Keys
 from bus.schemas import Goal, GoalRecord, GoalState, Plan, TaskResult, TaskSpec, TaskState
-from bus.store import IllegalTransition, NotFound, StaleWrite, Store
+from bus.store import CorruptRecord, IllegalTransition, NotFound, StaleWrite, Store
 
 
 def _plan(*ids: str, deps: dict[str, list[str]] | None = None) -> Plan:
@@ -219,3 +219,33 @@ async def test_a_goal_past_its_deadline_is_failed_once(redis: ArqRedis, keys: Ke
     assert not await store.expire_if_late("late", now=soon + timedelta(seconds=2))
     goal = await store.get_goal("late")
     assert goal.state is GoalState.FAILED and goal.reason is not None and "deadline" in goal.reason
+
+
+async def test_tasks_read_by_the_ids_of_a_plan(redis: ArqRedis, keys: Keys) -> None:
+    """`get_tasks(ids=...)` reads just those records, one round trip without the id set; the same
+    records as a full read; an id without a record is left out."""
+    store = Store(redis, keys)
+    await _goal(store)
+    await store.save_plan("g1", _plan("a", "b", "c"), expected_version=0)
+    await store.transition_task("g1", "b", TaskState.READY)
+    every = await store.get_tasks("g1")
+    some = await store.get_tasks("g1", ["b", "a", "nope"])
+    assert sorted(some) == ["a", "b"] and some["b"] == every["b"] and some["a"] == every["a"]
+    assert await store.get_tasks("g1", []) == {}
+
+
+async def test_a_goal_and_one_of_its_tasks_read_together(redis: ArqRedis, keys: Keys) -> None:
+    """`get_goal_and_task` returns what `get_goal` and `get_task` return; a missing goal or task is
+    NotFound, a goal key of another type a CorruptRecord."""
+    store = Store(redis, keys)
+    await _goal(store)
+    await store.save_plan("g1", _plan("a"), expected_version=0)
+    goal, task = await store.get_goal_and_task("g1", "a")
+    assert goal == await store.get_goal("g1") and task == await store.get_task("g1", "a")
+    with pytest.raises(NotFound):
+        await store.get_goal_and_task("g1", "zz")
+    with pytest.raises(NotFound):
+        await store.get_goal_and_task("g2", "a")
+    await redis.set(keys.goal("g3"), "not a hash")
+    with pytest.raises(CorruptRecord):
+        await store.get_goal_and_task("g3", "a")
