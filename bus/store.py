@@ -395,23 +395,69 @@ class Store:
             raise _corrupt("goal", self.keys.goal(goal_id), exc) from None
         return self._goal_record(goal_id, raw)
 
-    async def get_goal_and_task(self, goal_id: str, task_id: str) -> tuple[GoalRecord, TaskRecord]:
-        """`get_goal` and `get_task` in one round trip (the goal from the job's hand-over when it has one)."""
-        handed = _JUST_READ.get()
-        if handed is not None and handed[0] == goal_id:
-            return await self.get_goal(goal_id), await self.get_task(goal_id, task_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self.keys.goal(goal_id))
-            pipe.hgetall(self._task_key(goal_id, task_id))
-            goal_raw, task_raw = await pipe.execute(raise_on_error=False)
-        if isinstance(goal_raw, ResponseError):
-            raise _corrupt("goal", self.keys.goal(goal_id), goal_raw)
-        goal = self._goal_record(goal_id, goal_raw)
+    async def get_goal_and_task(
+        self, goal_id: str, task_id: str, *, result_of: int | None = None
+    ) -> tuple[GoalRecord, TaskRecord, TaskResult | None]:
+        """`get_goal` and `get_task` in one round trip, with the stored result of attempt `result_of`
+        (None when not asked for, or none is stored).
+
+        The task is read before the result: an executor stores the result before it moves the
+        task to review, so a task seen in review has its result in the read that follows."""
+        task_key = self._task_key(goal_id, task_id)
+        field = self.keys.result_field(task_id, result_of) if result_of is not None else None
+
+        def reads(pipe: Any) -> None:
+            pipe.hgetall(task_key)
+            if field is not None:
+                pipe.hget(self.keys.results(goal_id), field)
+
+        goal, replies = await self._goal_with(goal_id, reads)
+        task_raw = replies[0]
         if isinstance(task_raw, ResponseError):
-            raise _corrupt("task", self._task_key(goal_id, task_id), task_raw)
+            raise _corrupt("task", task_key, task_raw)
         if not task_raw:
             raise NotFound("task", f"{goal_id}/{task_id}")
-        return goal, self._task_record(goal_id, task_id, task_raw)
+        task = self._task_record(goal_id, task_id, task_raw)
+        if result_of is None:
+            return goal, task, None
+        raw = replies[1]
+        if isinstance(raw, ResponseError):
+            raise _corrupt("results", self.keys.results(goal_id), raw)
+        return goal, task, self.parse_result(goal_id, task_id, result_of, raw)
+
+    async def get_goal_and_tasks(self, goal_id: str, ids: Iterable[str]) -> tuple[GoalRecord, dict[str, TaskRecord]]:
+        """`get_goal` and `get_tasks(goal_id, ids)` in one round trip."""
+        wanted = sorted(set(ids))
+
+        def reads(pipe: Any) -> None:
+            for tid in wanted:
+                pipe.hgetall(self._task_key(goal_id, tid))
+
+        goal, rows = await self._goal_with(goal_id, reads)
+        tasks: dict[str, TaskRecord] = {}
+        for tid, raw in zip(wanted, rows, strict=True):
+            if isinstance(raw, ResponseError):
+                raise _corrupt("task", self._task_key(goal_id, tid), raw)
+            if raw:
+                tasks[tid] = self._task_record(goal_id, tid, raw)
+        return goal, tasks
+
+    async def _goal_with(self, goal_id: str, reads: Any) -> tuple[GoalRecord, list[Any]]:
+        """The goal record (from the job's hand-over when it has one, else read) and the replies of
+        the reads `reads(pipe)` queues, in one round trip; an error reply is returned, not raised."""
+        handed = _JUST_READ.get()
+        if handed is not None and handed[0] == goal_id:
+            goal = await self.get_goal(goal_id)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                reads(pipe)
+                return goal, list(await pipe.execute(raise_on_error=False))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.goal(goal_id))
+            reads(pipe)
+            goal_raw, *replies = await pipe.execute(raise_on_error=False)
+        if isinstance(goal_raw, ResponseError):
+            raise _corrupt("goal", self.keys.goal(goal_id), goal_raw)
+        return self._goal_record(goal_id, goal_raw), replies
 
     def _goal_record(self, goal_id: str, raw: dict[Any, Any]) -> GoalRecord:
         if not raw:
@@ -668,21 +714,6 @@ class Store:
         if not raw:
             raise NotFound("task", f"{goal_id}/{task_id}")
         return self._task_record(goal_id, task_id, raw)
-
-    async def get_task_and_result(
-        self, goal_id: str, task_id: str, attempt: int
-    ) -> tuple[TaskRecord, TaskResult | None]:
-        """The task and the stored result of its `attempt` (None if none), read in one round trip.
-
-        The task is read first: an executor stores the result before it moves the task to review,
-        so a task seen in review has its result in the read that follows."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self._task_key(goal_id, task_id))
-            pipe.hget(self.keys.results(goal_id), self.keys.result_field(task_id, attempt))
-            raw, result = await pipe.execute()
-        if not raw:
-            raise NotFound("task", f"{goal_id}/{task_id}")
-        return self._task_record(goal_id, task_id, raw), self.parse_result(goal_id, task_id, attempt, result)
 
     async def get_tasks(self, goal_id: str, ids: Iterable[str] | None = None) -> dict[str, TaskRecord]:
         """The goal's task records, or only those of `ids` (the tasks of a plan, whose records its

@@ -29,7 +29,7 @@ from bus.schemas import (
     TaskState,
     Verdict,
 )
-from bus.store import IllegalTransition, StaleWrite
+from bus.store import IllegalTransition, NotFound, StaleWrite
 from bus.synthesis import Syntheses, accepted_key, speculation_key
 from llm.types import ToolUseBlock
 
@@ -60,13 +60,17 @@ async def review(rt: Runtime, job: ReviewJob) -> None:
     """Judge one attempt: deterministic and machine checks, else the model's verdict (as the goal's
     review policy says); then accept, retry or replan. When this is the last result of the plan to
     reach review, the final answer is started now, beside this review (`_speculate`)."""
-    goal = await rt.store.get_goal(job.goal_id)
+    # The goal, the task and the attempt's result in one round trip (the result is used only if
+    # the task is in review with this job's attempt).
+    try:
+        goal, task, result = await rt.store.get_goal_and_task(job.goal_id, job.task_id, result_of=job.attempt)
+    except NotFound:
+        goal = await rt.store.get_goal(job.goal_id)
+        if not goal.terminal:
+            raise  # a running goal without this task's record: the job wrapper reports it
     if goal.terminal:
         log.info("review.skipped", state=goal.state.value)
         return
-    # The attempt's result comes with the task (one round trip); it is used only if the task is in
-    # review with this job's attempt.
-    task, result = await rt.store.get_task_and_result(job.goal_id, job.task_id, job.attempt)
     if task.state is not TaskState.REVIEWING or task.attempt != job.attempt:
         await _redrive(rt, goal, task, job)
         return
@@ -343,13 +347,19 @@ async def conclude(rt: Runtime, goal_id: str, stored: StoredPlan | None = None) 
     Safe to run any number of times, by anyone: the review that accepts the last task and the job
     that stored the final answer both call it (whichever comes second sees both: each writes its
     part before it reads the other's), and only one of them moves the goal."""
-    goal = await rt.store.get_goal(goal_id)
+    if stored is None:
+        goal = await rt.store.get_goal(goal_id)
+        records = None
+    else:
+        goal, records = await rt.store.get_goal_and_tasks(goal_id, stored.plan.task_ids())
     if goal.state not in (GoalState.RUNNING, GoalState.REVIEWING):
         return "concluded"
     if stored is None or stored.version != goal.plan_version:
         # A caller's plan from before a replan must not conclude the new one.
         stored = await rt.store.get_plan(goal_id, goal.plan_version)
-    records = await rt.store.get_tasks(goal_id, stored.plan.task_ids())
+        records = None
+    if records is None:
+        records = await rt.store.get_tasks(goal_id, stored.plan.task_ids())
     key = accepted_key(stored.plan, records)
     if key is None:
         return "not_done"

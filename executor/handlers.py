@@ -113,7 +113,12 @@ async def execute(rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Ca
 
     The attempt holds one of its tenant's running slots (`bus.tenants`, `max_running`) while it
     runs; when none is free, `TenantBusy` escapes and the job layer runs this job again shortly."""
-    goal, task = await rt.store.get_goal_and_task(job.goal_id, job.task_id)
+    try:
+        goal, task, _ = await rt.store.get_goal_and_task(job.goal_id, job.task_id)
+    except NotFound:
+        goal = await rt.store.get_goal(job.goal_id)
+        if goal.state not in GOAL_TERMINAL:
+            raise  # a live goal without this task's record: the job wrapper reports it
     if goal.state in GOAL_TERMINAL:
         log.info("execute.skipped", reason=f"goal {goal.state.value}")
         return

@@ -137,21 +137,38 @@ async def test_result_first_write_wins(redis: ArqRedis, keys: Keys) -> None:
     assert got is not None and got.answer == "first"
 
 
-async def test_a_task_is_read_with_its_attempts_result(redis: ArqRedis, keys: Keys) -> None:
-    """`get_task_and_result`: the task and the named attempt's result (None when that attempt has
-    none); a task that does not exist is NotFound, as with `get_task`."""
+async def test_a_task_is_read_with_its_goal_and_its_attempts_result(redis: ArqRedis, keys: Keys) -> None:
+    """`get_goal_and_task(result_of=n)`: the goal, the task and attempt n's result (None when that
+    attempt has none); a task that does not exist is NotFound, as with `get_task`."""
     store = Store(redis, keys)
     await _goal(store)
     await store.save_plan("g1", _plan("a"), expected_version=0)
     attempt = AttemptStore(redis, keys, "g1", "a", 1)
     assert await attempt.acquire("run", ttl=30)
     await attempt.save_result(TaskResult(goal_id="g1", task_id="a", attempt=1, answer="42", stop_reason="answered"))
-    task, result = await store.get_task_and_result("g1", "a", 1)
-    assert task.task_id == "a" and task.state is TaskState.PENDING
+    goal, task, result = await store.get_goal_and_task("g1", "a", result_of=1)
+    assert goal.id == "g1" and task.task_id == "a" and task.state is TaskState.PENDING
     assert result is not None and result.answer == "42"
-    assert (await store.get_task_and_result("g1", "a", 2))[1] is None
+    assert (await store.get_goal_and_task("g1", "a", result_of=2))[2] is None
+    assert (await store.get_goal_and_task("g1", "a"))[2] is None
     with pytest.raises(NotFound):
-        await store.get_task_and_result("g1", "zz", 1)
+        await store.get_goal_and_task("g1", "zz", result_of=1)
+
+
+async def test_a_goal_read_with_the_tasks_of_its_plan(redis: ArqRedis, keys: Keys) -> None:
+    """`get_goal_and_tasks`: the same records as `get_goal` and `get_tasks(ids)`, also when the
+    goal comes from the job's hand-over (the deadline check's read)."""
+    store = Store(redis, keys)
+    await _goal(store)
+    await store.save_plan("g1", _plan("a", "b"), expected_version=0)
+    goal, tasks = await store.get_goal_and_tasks("g1", ["b", "a", "nope"])
+    assert goal == await store.get_goal("g1") and tasks == await store.get_tasks("g1", ["a", "b"])
+    fresh = Store(redis, keys)  # knows no deadline yet: its check reads the goal and hands it over
+    assert not await fresh.expire_if_late("g1", hand_over=True)
+    handed, again = await fresh.get_goal_and_tasks("g1", ["a"])
+    assert handed == goal and list(again) == ["a"]
+    with pytest.raises(NotFound):
+        await store.get_goal_and_tasks("g2", ["a"])
 
 
 async def test_fifty_sibling_transitions_from_separate_connections_lose_nothing(
@@ -240,7 +257,7 @@ async def test_a_goal_and_one_of_its_tasks_read_together(redis: ArqRedis, keys: 
     store = Store(redis, keys)
     await _goal(store)
     await store.save_plan("g1", _plan("a"), expected_version=0)
-    goal, task = await store.get_goal_and_task("g1", "a")
+    goal, task, _ = await store.get_goal_and_task("g1", "a")
     assert goal == await store.get_goal("g1") and task == await store.get_task("g1", "a")
     with pytest.raises(NotFound):
         await store.get_goal_and_task("g1", "zz")
