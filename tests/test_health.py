@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import signal
 import socket
@@ -90,3 +91,19 @@ async def test_local_only_counts_this_hosts_workers(redis: ArqRedis, keys: Keys)
     assert (await health.check(redis, keys, ["executor"])).ok
     local = await health.check(redis, keys, ["executor"], host=socket.gethostname())
     assert not local.ok and local.reasons == [f"no live executor worker on host {socket.gethostname()}"]
+
+
+async def test_a_running_fleet_keeps_its_startup_objects_out_of_the_collector(settings: Settings) -> None:
+    """While a fleet runs, what it built at startup is frozen (a full collection does not scan
+    it, so it does not pause the jobs for long); once stopped, it is collectable again."""
+    assert gc.get_freeze_count() == 0
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_workers(["critic"], settings, stop=stop))
+
+    async def frozen() -> bool:
+        return gc.get_freeze_count() > 0
+
+    await eventually(frozen, timeout=10)
+    stop.set()
+    await asyncio.wait_for(task, 15)
+    assert gc.get_freeze_count() == 0
