@@ -125,10 +125,6 @@ class TroubleClock:
         since = await self._failed(keys=[self.keys.ledger(goal_id)], args=[now_ms])
         return int(since)
 
-    async def succeeded(self, goal_id: str) -> None:
-        """End the goal's trouble (a successful call does it through its settle instead)."""
-        await self.redis.hset(self.keys.ledger(goal_id), "trouble_since", "0")  # type: ignore[misc]
-
 
 async def count_job_error(redis: Redis, keys: Keys, job_id: str) -> int:
     """Count one unexpected error of a job (kept a day); returns how many it has had. Counted apart

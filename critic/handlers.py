@@ -347,18 +347,15 @@ async def conclude(rt: Runtime, goal_id: str, stored: StoredPlan | None = None) 
     Safe to run any number of times, by anyone: the review that accepts the last task and the job
     that stored the final answer both call it (whichever comes second sees both: each writes its
     part before it reads the other's), and only one of them moves the goal."""
-    if stored is None:
-        goal = await rt.store.get_goal(goal_id)
-        records = None
-    else:
+    if stored is not None:  # the goal and the plan's tasks in one round trip
         goal, records = await rt.store.get_goal_and_tasks(goal_id, stored.plan.task_ids())
+    else:
+        goal, records = await rt.store.get_goal(goal_id), {}
     if goal.state not in (GoalState.RUNNING, GoalState.REVIEWING):
         return "concluded"
     if stored is None or stored.version != goal.plan_version:
         # A caller's plan from before a replan must not conclude the new one.
         stored = await rt.store.get_plan(goal_id, goal.plan_version)
-        records = None
-    if records is None:
         records = await rt.store.get_tasks(goal_id, stored.plan.task_ids())
     key = accepted_key(stored.plan, records)
     if key is None:
