@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -42,6 +44,7 @@ from pathlib import Path
 
 from bench._harness import (
     DEFAULT_REDIS,
+    REPO,
     Bench,
     Responder,
     bench_redis,
@@ -55,6 +58,7 @@ from bench._harness import (
     wait_for_keys,
     worker_env,
 )
+from bench.floor import Floor
 from bus.client import Client
 from llm.testing import FakeAnthropicServer
 
@@ -71,6 +75,7 @@ class Result:
     cpu: float  # worker processes' CPU seconds
     commands: int
     own_cpu: float = 0.0  # this process's CPU seconds (the fake Messages API and the client)
+    calls: int = 0  # model calls the fake Messages API answered
 
 
 def cpu_seconds(procs: Sequence[subprocess.Popen[bytes]]) -> float:
@@ -158,6 +163,7 @@ async def taskloom(
             seconds = time.perf_counter() - t0
             cpu, cmds = cpu_seconds(procs) - cpu0, sum((await command_counts(bench.redis) - cmd0).values())
             own = time.process_time() - own0
+            calls = len(fake.message_requests)
         finally:
             stop(procs)
     bad = [r for r in records if r.state.value != "succeeded"]
@@ -166,7 +172,7 @@ async def taskloom(
     # The jobs that ran (their `job.start` lines): a planner may skip an advance that has nothing to
     # dispatch, so a goal is not always 2 + 3 x width jobs.
     jobs = sum(len(job_starts(log)) for log in logs)
-    return Result(executors, seconds, goals, goals * width, jobs, cpu, cmds, own)
+    return Result(executors, seconds, goals, goals * width, jobs, cpu, cmds, own, calls)
 
 
 async def raw_arq(bench: Bench, workers: int, jobs: int, poll_delay: float, round_: int) -> Result:
@@ -193,17 +199,35 @@ async def raw_arq(bench: Bench, workers: int, jobs: int, poll_delay: float, roun
     return Result(workers, seconds, 0, 0, jobs, cpu, cmds)
 
 
+async def floor(bench: Bench) -> Floor:
+    """`bench.floor` in a process of its own (its CPU apart from ours), against a fake Messages API
+    answering as in the taskloom runs."""
+    with FakeAnthropicServer() as fake:
+        fake.respond_with(Responder(delay=0.0))
+        args = ["-m", "bench.floor", "--redis-url", bench.url, "--base-url", fake.base_url]
+        env = worker_env(bench, poll_delay=0.05, base_url=fake.base_url)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *args, env=env, cwd=REPO, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench.floor exited with {proc.returncode}")
+    return Floor(**json.loads(out.decode().strip().splitlines()[-1]))
+
+
 async def run(
     url: str, goals: int, width: int, executors: list[int], arq_jobs: int, poll_delay: float, hiredis: bool = True
 ) -> str:
     async with bench_redis(url, "throughput") as bench:
         where = await machine(bench.redis, bench.where)
+        under = await floor(bench)
         rows = []
         for i, n in enumerate(executors):
             ours = await taskloom(bench, n, goals, width, poll_delay, i, hiredis=hiredis)
             peer = await raw_arq(bench, n, arq_jobs, poll_delay, i)
             rows.append((ours, peer))
-    return report(where, goals, width, poll_delay, rows) + ("" if hiredis else "\n(taskloom workers without hiredis)")
+    table = report(where, goals, width, poll_delay, rows, under)
+    return table + ("" if hiredis else "\n(taskloom workers without hiredis)")
 
 
 def _sum(results: list[Result]) -> Result:
@@ -261,7 +285,9 @@ async def run_tracing(
     return "\n".join(lines)
 
 
-def report(where: str, goals: int, width: int, poll_delay: float, rows: list[tuple[Result, Result]]) -> str:
+def report(
+    where: str, goals: int, width: int, poll_delay: float, rows: list[tuple[Result, Result]], under: Floor | None = None
+) -> str:
     lines = [
         where,
         f"{goals} goals submitted at once, each {width} parallel tasks of a 2-step tool loop "
@@ -285,7 +311,7 @@ def report(where: str, goals: int, width: int, poll_delay: float, rows: list[tup
             f"{ours.commands / ours.jobs:.1f} / {peer.commands / peer.jobs:.1f} | "
             f"{ours.own_cpu / ours.goals * 1000:.1f} |"
         )
-    return "\n".join([*lines, "", *targets(rows)])
+    return "\n".join([*lines, "", *targets(rows), *([] if under is None else ["", *floor_table(rows, under)])])
 
 
 def targets(rows: list[tuple[Result, Result]]) -> list[str]:
@@ -299,6 +325,29 @@ def targets(rows: list[tuple[Result, Result]]) -> list[str]:
         ratio = (ours.jobs / ours.seconds) / (peer.jobs / peer.seconds)
         checks = (ratio >= 0.3, ours.commands / ours.jobs <= 35, ours.cpu / ours.jobs * 1000 <= 3)
         out.append(f"| {ours.processes} | " + " | ".join("met" if ok else "**not met**" for ok in checks) + " |")
+    return out
+
+
+def floor_table(rows: list[tuple[Result, Result]], under: Floor) -> list[str]:
+    """Per executor count, the least a job can cost with the parts every job uses, from this run:
+    a raw arq worker's CPU and commands per job (its peer run; the enqueue, which taskloom sends
+    itself, taken out of the commands), and for each model call a job makes on average, the SDK's
+    CPU and the ledger's reserve and settle (`bench.floor`)."""
+    out = [
+        f"Floor (`bench.floor`, same run): the Anthropic SDK {under.sdk_cpu_ms_per_call:.2f} ms of CPU per "
+        f"model call ({under.metered_cpu_ms_per_call:.2f} ms with its ledger reserve and settle), the ledger "
+        f"{under.ledger_commands_per_call:.1f} Redis commands per call, arq's enqueue "
+        f"{under.enqueue_commands_per_job:.1f} commands per job.",
+        "",
+        "| executor processes | model calls per job | floor CPU ms per job: raw arq worker + SDK calls | target "
+        "| floor Redis commands per job: raw arq worker + ledger | target |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for ours, peer in rows:
+        calls = ours.calls / ours.jobs
+        cpu = peer.cpu / peer.jobs * 1000 + calls * under.sdk_cpu_ms_per_call
+        cmds = peer.commands / peer.jobs - under.enqueue_commands_per_job + calls * under.ledger_commands_per_call
+        out.append(f"| {ours.processes} | {calls:.2f} | {cpu:.1f} | 3 | {cmds:.1f} | 35 |")
     return out
 
 

@@ -22,6 +22,7 @@ from planner.prompts import SYSTEM as PLANNER_SYSTEM
         "hops",
         "speedup",
         "throughput",
+        "floor",
         "roundtrips",
         "tokens",
         "memory",
@@ -139,3 +140,23 @@ def test_throughput_reports_each_target_met_or_not_from_the_run() -> None:
     table = targets([(fast, peer), (slow, Result(2, 1.0, 0, 0, 400, 0.1, 9000))])
     assert table[2] == "| 1 | met | met | met |"  # 0.33x, 30 commands, 2.5 ms
     assert table[3] == "| 2 | **not met** | **not met** | **not met** |"  # 0.25x, 86 commands, 5 ms
+
+
+def test_throughput_reports_the_floor_of_the_parts_every_job_uses() -> None:
+    """bench.throughput's floor row: a raw arq worker's CPU and commands per job (its enqueue taken
+    out) plus, per model call a job makes, the SDK's CPU and the ledger's commands."""
+    from bench.floor import Floor
+    from bench.throughput import Result, floor_table
+
+    ours = Result(1, seconds=1.0, goals=10, tasks=40, jobs=100, cpu=0.5, commands=8000, calls=130)
+    peer = Result(1, seconds=1.0, goals=0, tasks=0, jobs=300, cpu=0.1, commands=6900)  # 0.33 ms, 23 commands
+    under = Floor(
+        sdk_cpu_ms_per_call=2.0,
+        metered_cpu_ms_per_call=2.5,
+        ledger_commands_per_call=14.0,
+        enqueue_commands_per_job=6.0,
+    )
+    table = floor_table([(ours, peer)], under)
+    assert "2.00 ms of CPU per model call" in table[0] and "14.0 Redis commands per call" in table[0]
+    # 0.33 + 1.3 x 2.0 = 2.9 ms; 23 - 6 + 1.3 x 14 = 35.2 commands
+    assert table[-1] == "| 1 | 1.30 | 2.9 | 3 | 35.2 | 35 |"
