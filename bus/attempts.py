@@ -146,16 +146,21 @@ end
 return 1
 """
 
-# KEYS: lease, steps, pending. ARGV: epoch, expected index, step JSON.
+# KEYS: lease, steps, pending, task record. ARGV: epoch, expected index, step JSON.
 # Appends the step only at its index (a duplicate append is a no-op) and clears the pending step.
-# Returns 1 appended, 2 already there, 0 lease lost.
+# Returns {1 appended | 2 already there, the task's state, its attempt}, or {0} when the lease was
+# lost. The task's state rides along for the check before the next model call (cancelled? moved
+# on to another attempt?), which then needs no read of its own.
 _APPEND_STEP = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-local n = redis.call('LLEN', KEYS[2])
-if n > tonumber(ARGV[2]) then return 2 end
-redis.call('RPUSH', KEYS[2], ARGV[3])
-redis.call('DEL', KEYS[3])
-return 1
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return {0} end
+local status = 2
+if redis.call('LLEN', KEYS[2]) <= tonumber(ARGV[2]) then
+  redis.call('RPUSH', KEYS[2], ARGV[3])
+  redis.call('DEL', KEYS[3])
+  status = 1
+end
+local task = redis.call('HMGET', KEYS[4], 'state', 'attempt')
+return {status, task[1] or '', task[2] or '0'}
 """
 
 # KEYS: lease, results hash. ARGV: epoch, field, result JSON. Returns 1 stored, 2 already there, 0 lost.
@@ -173,6 +178,11 @@ if not score or tonumber(score) > tonumber(ARGV[2]) then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
 return 1
 """
+
+
+# How long the task state read by `append_step` stands in for a read of the task: the check before
+# the next model call comes right after it, in the same loop iteration.
+TASK_SEEN_S = 0.5
 
 
 def now_ms() -> int:
@@ -193,6 +203,8 @@ class AttemptStore:
         self.steps_key = keys.attempt_steps(goal_id, task_id, attempt)
         self.pending_key = keys.attempt_pending(goal_id, task_id, attempt)
         self.member = keys.lease_member(goal_id, task_id, attempt)
+        self.task_key = keys.task(goal_id, task_id)
+        self._task_seen: tuple[str, int, float] | None = None  # see `task_seen`
         self.epoch = 0
         self.started_ms = 0
         # True from taking the lease first (epoch 1) until this store writes: every step and pending
@@ -308,12 +320,22 @@ class AttemptStore:
     async def append_step(self, step: StepRecord) -> None:
         self._empty = False
         self._only_turn = None
-        ok = await self._append(
-            keys=[self.lease_key, self.steps_key, self.pending_key],
+        out = await self._append(
+            keys=[self.lease_key, self.steps_key, self.pending_key, self.task_key],
             args=[self.epoch, step.index, step.model_dump_json()],
         )
-        if not ok:
+        if not int(out[0]):
             raise LeaseLost(self.member, self.epoch)
+        state = out[1].decode() if isinstance(out[1], bytes) else str(out[1])
+        self._task_seen = (state, int(out[2]), time.monotonic()) if state else None
+
+    def task_seen(self, within: float = TASK_SEEN_S) -> tuple[str, int] | None:
+        """The task's (state, attempt) as the last `append_step` read them in its script, once, and
+        only within `within` seconds of it; None otherwise (the caller reads the task itself)."""
+        seen, self._task_seen = self._task_seen, None
+        if seen is None or time.monotonic() - seen[2] > within:
+            return None
+        return seen[0], seen[1]
 
     async def save_result(self, result: TaskResult) -> bool:
         """Store the attempt's result under the lease; False if a result was already stored."""

@@ -262,8 +262,13 @@ async def _make_loop(
             # moved it to running: that read answers (a cancel in between is seen at the next check).
             first[0] = False
             return False
-        current = await rt.store.get_task(job.goal_id, job.task_id)
-        return current.state in (TaskState.CANCELLED, TaskState.SUPERSEDED) or current.attempt != job.attempt
+        # Before a later call: the previous step's write read the task's state in its script, an
+        # instant ago (same rule: a cancel after that read is seen at the next check).
+        seen = store.task_seen()
+        if seen is None:
+            current = await rt.store.get_task(job.goal_id, job.task_id)
+            seen = current.state.value, current.attempt
+        return seen[0] in (TaskState.CANCELLED.value, TaskState.SUPERSEDED.value) or seen[1] != job.attempt
 
     return Loop(
         task_input,

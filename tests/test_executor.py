@@ -331,6 +331,23 @@ async def test_cancel_during_a_tool_call_stops_the_task(
     assert await redis.zcard(keys.queue("critic")) == 0
 
 
+async def test_cancel_during_a_model_call_stops_the_task_before_its_next_call(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """A cancel that lands while the model answers is seen by the check before the next call (the
+    step's own write reads the task's state): the tool turn is completed, no second call is made."""
+    env = await start_task(redis, keys, settings, model, ["sleepy"])
+    fake.enqueue(tool_reply([("sleepy", {"seconds": 0})], delay=0.5), text_reply("never asked"))
+    job = asyncio.create_task(execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1), REGISTRY))
+    await asyncio.sleep(0.2)
+    await env.client.cancel(env.goal_id)
+    await asyncio.wait_for(job, 5)
+    result = await env.rt.store.get_result(env.goal_id, "t1", 1)
+    assert result is not None and result.stop_reason == "cancelled" and result.steps == 1
+    assert len(fake.message_requests) == 1
+    assert await redis.zcard(keys.queue("critic")) == 0
+
+
 async def test_pause_turn_continues_with_the_same_turn(
     redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
 ) -> None:

@@ -156,3 +156,26 @@ async def test_a_turn_seeded_first_is_known_without_a_read_and_stored_for_the_ne
     again = AttemptStore(redis, keys, "g2", "t", 1)
     assert await again.acquire("other", 5)
     assert (await again.pending()).turn == turn and await again.steps() == []
+
+
+async def test_a_step_write_brings_back_the_tasks_state_once_and_only_in_time(redis: ArqRedis, keys: Keys) -> None:
+    """`append_step` reads the task's state and attempt in its script, for the check before the next
+    model call: the state as it is at the write (a cancel before it is seen), once, and not later."""
+    store = Store(redis, keys)
+    await store.create_goal(GoalRecord(id="g10", goal=Goal(text="x"), budget_tokens=10))
+    plan = Plan(tasks=[TaskSpec(id="t", title="t", instructions="i", definition_of_done="d")])
+    await store.save_plan("g10", plan, 0)
+    attempts = AttemptStore(redis, keys, "g10", "t", 1)
+    assert await attempts.acquire("me", 5)
+    turn = Message(role="assistant", content=[TextBlock(text="hi")])
+    assert attempts.task_seen() is None  # nothing written yet
+    await attempts.append_step(StepRecord(index=0, assistant=turn, usage=Usage(), stop_reason="stop"))
+    state = (await store.get_task("g10", "t")).state.value
+    assert attempts.task_seen() == (state, (await store.get_task("g10", "t")).attempt)
+    assert attempts.task_seen() is None  # once
+    await store.cancel_goal("g10")
+    await attempts.append_step(StepRecord(index=1, assistant=turn, usage=Usage(), stop_reason="stop"))
+    seen = attempts.task_seen()
+    assert seen is not None and seen[0] == TaskState.CANCELLED.value
+    await attempts.append_step(StepRecord(index=2, assistant=turn, usage=Usage(), stop_reason="stop"))
+    assert attempts.task_seen(within=0.0) is None  # too late: the caller reads the task itself
