@@ -178,17 +178,23 @@ class Jobs:
             batch.add(job.role)
         return True
 
-    async def enqueue_with(self, job: JobPayload, *others: ScriptCall) -> bool:
-        """`enqueue(job)`, with independent script calls (`others`, each atomic on its own) in the
-        same round trip, sent after it; an error of any of them is raised once all have run."""
+    async def enqueue_with(
+        self, job: JobPayload, *others: ScriptCall, before: ScriptCall | None = None
+    ) -> tuple[bool, Any]:
+        """`enqueue(job)`, with independent script calls (each atomic on its own) in the same round
+        trip: `before` ahead of the enqueue, `others` after it. Returns whether the job was enqueued
+        and `before`'s reply, or the exception it raised, for the caller to judge (None without
+        one); an error of the enqueue or of `others` is raised once all have run."""
         batch = _BATCH.get()
-        replies = await run_scripts(self.redis, [self._enqueue_call(job, wake=batch is None), *others])
+        ahead = [] if before is None else [before]
+        replies = await run_scripts(self.redis, [*ahead, self._enqueue_call(job, wake=batch is None), *others])
+        first = replies.pop(0) if ahead else None
         for reply in replies:
             if isinstance(reply, BaseException):
                 raise reply
         if replies[0] and batch is not None:
             batch.add(job.role)
-        return bool(replies[0])
+        return bool(replies[0]), first
 
     async def enqueue_many(self, jobs: Sequence[JobPayload]) -> list[bool]:
         """Enqueue independent jobs in one round trip (each its own atomic script, as `enqueue`),

@@ -849,6 +849,13 @@ class Store:
         out = await move.call.script(keys=move.call.keys, args=move.call.args)
         return self._outcome(out, move.entity, move.target, move.expected_attempt)
 
+    def move_outcome(self, move: TaskMove, reply: Any) -> bool:
+        """What `transition_task` returns or raises for `move`, from the reply of its script sent
+        elsewhere (`bus.batch`); an exception in place of the reply (Redis trouble) is raised."""
+        if isinstance(reply, BaseException):
+            raise reply
+        return self._outcome(reply, move.entity, move.target, move.expected_attempt)
+
     async def transition_tasks(self, moves: Sequence[TaskMove]) -> list[bool | StoreError]:
         """Make independent task moves in one round trip, each atomic on its own: for each, True
         (moved), False (already there) or the error `transition_task` would raise (not raised)."""

@@ -346,17 +346,20 @@ async def _finish(rt: Runtime, store: AttemptStore, result: TaskResult) -> None:
         await rt.budget_exhausted(gid, f"budget exhausted in task {tid}")
         await store.finish()
         return
+    # The move to review, the review's enqueue and the lease's end in one round trip, run in that
+    # order, each atomic on its own. A refused move (the task was cancelled or superseded meanwhile)
+    # still sends the review, which finds the task so and skips it: that rare wasted job is cheaper
+    # than a round trip on every task. Should the enqueue fail, this job's re-run finds the task in
+    # review and enqueues it again (`_start`).
+    move = rt.store.task_move(
+        gid, tid, TaskState.REVIEWING, expected_attempt=attempt, data={"stop_reason": result.stop_reason}
+    )
+    review = ReviewJob(goal_id=gid, task_id=tid, attempt=attempt)
+    _, moved = await rt.jobs.enqueue_with(review, store.finish_call(), before=move.call)
     try:
-        await rt.store.transition_task(
-            gid, tid, TaskState.REVIEWING, expected_attempt=attempt, data={"stop_reason": result.stop_reason}
-        )
+        rt.store.move_outcome(move, moved)
     except IllegalTransition as exc:
-        log.info("execute.not_reviewed", reason=str(exc))  # cancelled or superseded meanwhile
-        await store.finish()
-        return
-    # The review's enqueue and the lease's end in one round trip. Should the enqueue fail, this
-    # job's re-run finds the task in review and enqueues it again (`_start`).
-    await rt.jobs.enqueue_with(ReviewJob(goal_id=gid, task_id=tid, attempt=attempt), store.finish_call())
+        log.info("execute.not_reviewed", reason=str(exc))
 
 
 async def recover_expired(rt: Runtime, limit: int = 100) -> int:

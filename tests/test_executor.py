@@ -348,6 +348,27 @@ async def test_cancel_during_a_model_call_stops_the_task_before_its_next_call(
     assert await redis.zcard(keys.queue("critic")) == 0
 
 
+async def test_a_task_moved_on_while_it_answered_is_not_put_in_review(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """The move to review, the review's enqueue and the lease's end go out together: when the move is
+    refused (the task was superseded meanwhile), the task stays where it is, the lease still ends,
+    and the review that was sent anyway finds the task moved on and skips it, with no model call."""
+    from critic.handlers import review
+
+    env = await start_task(redis, keys, settings, model, [])
+    fake.enqueue(text_reply("late answer", delay=0.5))
+    job = asyncio.create_task(execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1), REGISTRY))
+    await asyncio.sleep(0.2)
+    await env.rt.store.transition_task(env.goal_id, "t1", TaskState.SUPERSEDED)
+    await asyncio.wait_for(job, 5)
+    assert (await env.rt.store.get_task(env.goal_id, "t1")).state is TaskState.SUPERSEDED
+    assert await redis.zscore(keys.leases(), keys.lease_member(env.goal_id, "t1", 1)) is None  # lease ended
+    await review(env.rt, ReviewJob(goal_id=env.goal_id, task_id="t1", attempt=1))
+    assert (await env.rt.store.get_task(env.goal_id, "t1")).state is TaskState.SUPERSEDED
+    assert len(fake.message_requests) == 1  # the executor's call only: no review call
+
+
 async def test_pause_turn_continues_with_the_same_turn(
     redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
 ) -> None:
