@@ -227,10 +227,22 @@ class AttemptStore:
 
     async def acquire(self, holder: str, ttl: float) -> bool:
         """Take the lease (a new epoch) unless another live holder has it."""
-        out = await self._acquire(
-            keys=[self.lease_key, self.keys.leases(), self.results_key],
-            args=[holder, int(ttl * 1000), now_ms(), self.member, self.result_field],
+        call = self.acquire_call(holder, ttl)
+        return self.acquired(await call.script(keys=call.keys, args=call.args))
+
+    def acquire_call(self, holder: str, ttl: float) -> ScriptCall:
+        """`acquire`, to send with other calls (`bus.batch`); its reply goes to `acquired`."""
+        return ScriptCall(
+            self._acquire,
+            [self.lease_key, self.keys.leases(), self.results_key],
+            [holder, int(ttl * 1000), now_ms(), self.member, self.result_field],
         )
+
+    def acquired(self, out: Any) -> bool:
+        """The outcome of an `acquire_call`: True (this store now holds the lease) or False (another
+        live holder has it); an exception in place of the reply (Redis trouble) is raised."""
+        if isinstance(out, BaseException):
+            raise out
         if out[0] in (b"held", "held"):
             return False
         self.epoch = int(out[1])

@@ -16,6 +16,7 @@ import structlog
 
 from bus.approvals import ApprovalBook, ApprovalDecision
 from bus.attempts import AttemptStore, LeaseLost, Pending, claim_expired, drop_lease, now_ms
+from bus.batch import run_scripts
 from bus.effects import SideEffects
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
@@ -154,13 +155,10 @@ async def _execute(
 ) -> None:
     """`goal` and the task (`read`): as `execute` read them together, just before taking the tenant
     slot (the goal was not terminal then)."""
-    task = await _start(rt, job, read)
-    if task is None:
-        return
     store = AttemptStore(rt.redis, rt.keys, job.goal_id, job.task_id, job.attempt, rt.events.maxlen)
     holder = f"{HOLDER}:{uuid.uuid4().hex[:8]}"
-    if not await store.acquire(holder, rt.limits.lease_ttl):
-        log.info("execute.skipped", reason="another executor holds the attempt's lease")
+    task = await _start(rt, job, read, store, holder)
+    if task is None:
         return
     stored = rt.store.parse_result(job.goal_id, job.task_id, job.attempt, store.stored_result)
     if stored is not None:
@@ -203,30 +201,46 @@ async def _execute(
         observe(lambda o: o.task_run(outcome, seconds))
 
 
-async def _start(rt: Runtime, job: ExecuteJob, task: TaskRecord) -> TaskRecord | None:
-    """Move the job's task (`task`, as just read) to `running` if this job may run it; None (logged)
-    when it may not.
+async def _start(
+    rt: Runtime, job: ExecuteJob, task: TaskRecord, store: AttemptStore, holder: str
+) -> TaskRecord | None:
+    """Move the job's task (`task`, as just read) to `running` if this job may run it, and take the
+    attempt's lease (`store`, for `holder`); None (logged) when it may not run it, or another
+    executor holds the lease.
 
     The goal and the task were read together by `execute`, one round trip earlier, not again here:
     a goal or task that moves after that read is the same race as one that moves just after any
-    read (the move to running is checked in its script)."""
+    read (the move to running is checked in its script). The move and the lease go out in one
+    round trip, the move first; a refused move gives back the lease it came with (the attempt is
+    not this job's to run, nobody needs to resume it)."""
     if task.attempt != job.attempt:
         log.info("execute.skipped", reason=f"task is on attempt {task.attempt}")
         return None
     if task.state in STARTABLE:
+        move = rt.store.task_move(job.goal_id, job.task_id, TaskState.RUNNING, expected_attempt=job.attempt)
+        moved, leased = await run_scripts(rt.redis, [move.call, store.acquire_call(holder, rt.limits.lease_ttl)])
         try:
-            await rt.store.transition_task(job.goal_id, job.task_id, TaskState.RUNNING, expected_attempt=job.attempt)
+            rt.store.move_outcome(move, moved)
         except (IllegalTransition, StaleWrite) as exc:
+            if store.acquired(leased):
+                await store.finish()
             log.info("execute.skipped", reason=str(exc))
             return None
-    elif task.state == TaskState.REVIEWING:
+        if not store.acquired(leased):
+            log.info("execute.skipped", reason="another executor holds the attempt's lease")
+            return None
+        return task
+    if task.state == TaskState.REVIEWING:
         # An earlier run died between moving the task to review and enqueueing the review: send it
         # again (the job id is deterministic, so a review already queued or done is not repeated).
         await rt.jobs.enqueue(ReviewJob(goal_id=job.goal_id, task_id=job.task_id, attempt=job.attempt))
         log.info("execute.skipped", reason="already in review; review job re-sent")
         return None
-    elif task.state != TaskState.RUNNING:
+    if task.state != TaskState.RUNNING:
         log.info("execute.skipped", reason=f"task is {task.state.value}")
+        return None
+    if not await store.acquire(holder, rt.limits.lease_ttl):
+        log.info("execute.skipped", reason="another executor holds the attempt's lease")
         return None
     return task
 

@@ -369,6 +369,24 @@ async def test_a_task_moved_on_while_it_answered_is_not_put_in_review(
     assert len(fake.message_requests) == 1  # the executor's call only: no review call
 
 
+async def test_a_start_refused_by_the_tasks_state_gives_back_the_lease_it_took(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel
+) -> None:
+    """The move to running and the lease go out together: when the move is refused (the task was
+    cancelled after the job read it), the lease taken with it is given back at once."""
+    from executor.handlers import _start
+
+    env = await start_task(redis, keys, settings, model, [])
+    read = await env.rt.store.get_task(env.goal_id, "t1")  # ready, as the job read it
+    await env.rt.store.transition_task(env.goal_id, "t1", TaskState.CANCELLED)
+    store = AttemptStore(redis, keys, env.goal_id, "t1", 1)
+    job = ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1)
+    assert await _start(env.rt, job, read, store, "first") is None
+    assert store.epoch == 1  # it did take the lease in the same round trip ...
+    assert await redis.zscore(keys.leases(), keys.lease_member(env.goal_id, "t1", 1)) is None  # ... and ended it
+    assert await AttemptStore(redis, keys, env.goal_id, "t1", 1).acquire("second", 5)  # free at once
+
+
 async def test_pause_turn_continues_with_the_same_turn(
     redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
 ) -> None:
