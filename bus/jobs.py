@@ -179,15 +179,21 @@ class Jobs:
         return True
 
     async def enqueue_with(
-        self, job: JobPayload, *others: ScriptCall, before: ScriptCall | None = None
+        self,
+        job: JobPayload,
+        *others: ScriptCall,
+        before: ScriptCall | None = None,
+        extra: Sequence[Sequence[Any]] = (),
     ) -> tuple[bool, Any]:
         """`enqueue(job)`, with independent script calls (each atomic on its own) in the same round
-        trip: `before` ahead of the enqueue, `others` after it. Returns whether the job was enqueued
-        and `before`'s reply, or the exception it raised, for the caller to judge (None without
-        one); an error of the enqueue or of `others` is raised once all have run."""
+        trip: `before` ahead of the enqueue, `others` after it, then the plain commands `extra`.
+        Returns whether the job was enqueued and `before`'s reply, or the exception it raised, for
+        the caller to judge (None without one); an error of the enqueue, of `others` or of `extra`
+        is raised once all have run."""
         batch = _BATCH.get()
         ahead = [] if before is None else [before]
-        replies = await run_scripts(self.redis, [*ahead, self._enqueue_call(job, wake=batch is None), *others])
+        calls = [*ahead, self._enqueue_call(job, wake=batch is None), *others]
+        replies = await run_scripts(self.redis, calls, extra=extra)
         first = replies.pop(0) if ahead else None
         for reply in replies:
             if isinstance(reply, BaseException):

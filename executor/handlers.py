@@ -127,16 +127,37 @@ async def execute(rt: Runtime, job: ExecuteJob, tools: ToolCatalog, stopping: Ca
     tenant, member = goal.goal.tenant, f"{job.goal_id}/{job.task_id}"
     # The slot expires unless renewed, so a dead executor frees it within two lease periods.
     await tenants.acquire_slot(tenant, member, 2 * rt.limits.lease_ttl)
-    slot = TenantSlot(tenants, tenant, member, rt.limits.lease_ttl)
-    renew = asyncio.create_task(_keep(rt.renewer(), slot))
+    slot = _Slot(rt, tenants, tenant, member)
     try:
-        await _execute(rt, job, goal, task, tools, stopping)
+        await _execute(rt, job, goal, task, tools, stopping, slot)
     finally:
-        renew.cancel()
+        await slot.release()
+
+
+class _Slot:
+    """The tenant running slot an attempt holds: renewed while it runs, released when it ends, in
+    the attempt's last round trip when it has one (`_finish`: `stop_renewing`, then
+    `release_command` in that round trip, then `released`), else on its own (`release`)."""
+
+    def __init__(self, rt: Runtime, tenants: Tenants, tenant: str, member: str) -> None:
+        self.tenants, self.tenant, self.member = tenants, tenant, member
+        self.released = False
+        held = TenantSlot(tenants, tenant, member, rt.limits.lease_ttl)
+        self._renew = asyncio.create_task(_keep(rt.renewer(), held))
+
+    async def stop_renewing(self) -> None:
+        self._renew.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await renew  # a renewal in flight lands first: it must not re-take the released slot
-        with contextlib.suppress(Exception):
-            await asyncio.shield(tenants.release_slot(tenant, member))
+            await self._renew  # a renewal in flight lands first: it must not re-take the released slot
+
+    def release_command(self) -> tuple[str, str, str]:
+        return ("ZREM", self.tenants.keys.tenant_running(self.tenant), self.member)
+
+    async def release(self) -> None:
+        await self.stop_renewing()
+        if not self.released:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.tenants.release_slot(self.tenant, self.member))
 
 
 async def _keep(renewals: Renewals, item: Renewal) -> None:
@@ -152,9 +173,10 @@ async def _execute(
     read: TaskRecord,
     tools: ToolCatalog,
     stopping: Callable[[], bool] | None,
+    slot: _Slot | None = None,
 ) -> None:
     """`goal` and the task (`read`): as `execute` read them together, just before taking the tenant
-    slot (the goal was not terminal then)."""
+    slot (`slot`; the goal was not terminal then)."""
     store = AttemptStore(rt.redis, rt.keys, job.goal_id, job.task_id, job.attempt, rt.events.maxlen)
     holder = f"{HOLDER}:{uuid.uuid4().hex[:8]}"
     task = await _start(rt, job, read, store, holder)
@@ -170,7 +192,7 @@ async def _execute(
     clock, outcome = time.perf_counter(), "failed"  # for metrics: how this run of the loop ended
     try:
         loop = await _make_loop(rt, job, goal, task, tools, store, stopping)
-        outcome = await _run_loop(rt, job, loop, store, heartbeat)
+        outcome = await _run_loop(rt, job, loop, store, heartbeat, slot)
     except LeaseLost as exc:
         outcome = "lease_lost"
         log.warning("execute.lease_lost", detail=str(exc))
@@ -298,7 +320,12 @@ async def _make_loop(
 
 
 async def _run_loop(
-    rt: Runtime, job: ExecuteJob, loop: Loop, store: AttemptStore, heartbeat: asyncio.Task[None]
+    rt: Runtime,
+    job: ExecuteJob,
+    loop: Loop,
+    store: AttemptStore,
+    heartbeat: asyncio.Task[None],
+    slot: _Slot | None = None,
 ) -> str:
     """Run the loop under the lease and act on how it ended; returns that outcome (for metrics)."""
     try:
@@ -317,7 +344,7 @@ async def _run_loop(
         await store.finish()  # nobody should resume it before the decision
         log.info("execute.paused", call_id=paused.call.id, tool=paused.call.name)
         return "paused"
-    await _finish(rt, store, result)
+    await _finish(rt, store, result, slot)
     return result.stop_reason.value
 
 
@@ -344,8 +371,9 @@ async def _hand_over(
     log.info("execute.handover", steps=steps, resume=resume.resume)
 
 
-async def _finish(rt: Runtime, store: AttemptStore, result: TaskResult) -> None:
-    """Store the result (under the lease) and move the task on according to how it stopped."""
+async def _finish(rt: Runtime, store: AttemptStore, result: TaskResult, slot: _Slot | None = None) -> None:
+    """Store the result (under the lease) and move the task on according to how it stopped; a
+    task put in review gives its tenant `slot` back in the same round trip."""
     await store.save_result(result)
     gid, tid, attempt = result.goal_id, result.task_id, result.attempt
     log.info("execute.result", stop_reason=result.stop_reason, steps=result.steps, tool_calls=result.tool_calls)
@@ -369,7 +397,13 @@ async def _finish(rt: Runtime, store: AttemptStore, result: TaskResult) -> None:
         gid, tid, TaskState.REVIEWING, expected_attempt=attempt, data={"stop_reason": result.stop_reason}
     )
     review = ReviewJob(goal_id=gid, task_id=tid, attempt=attempt)
-    _, moved = await rt.jobs.enqueue_with(review, store.finish_call(), before=move.call)
+    extra = []
+    if slot is not None:
+        await slot.stop_renewing()
+        extra.append(slot.release_command())
+    _, moved = await rt.jobs.enqueue_with(review, store.finish_call(), before=move.call, extra=extra)
+    if slot is not None:
+        slot.released = True
     try:
         rt.store.move_outcome(move, moved)
     except IllegalTransition as exc:

@@ -387,6 +387,24 @@ async def test_a_start_refused_by_the_tasks_state_gives_back_the_lease_it_took(
     assert await AttemptStore(redis, keys, env.goal_id, "t1", 1).acquire("second", 5)  # free at once
 
 
+async def test_a_task_in_review_has_given_its_tenant_slot_back(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """The slot is held while the attempt runs and released with the review's enqueue (one round
+    trip); a renewal of it that was due later does not take it again."""
+    env = await start_task(redis, keys, settings, model, ["sleepy"], lease_ttl=1)  # renewed every 0.33 s
+    fake.enqueue(tool_reply([("sleepy", {"seconds": 0.8})]), text_reply("done"))
+    job = asyncio.create_task(execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1), REGISTRY))
+    member = f"{env.goal_id}/t1"
+    await asyncio.sleep(0.3)
+    assert await redis.zscore(keys.tenant_running("default"), member) is not None  # held while it runs
+    await asyncio.wait_for(job, 5)
+    assert (await env.rt.store.get_task(env.goal_id, "t1")).state is TaskState.REVIEWING
+    assert await redis.zscore(keys.tenant_running("default"), member) is None
+    await asyncio.sleep(0.5)  # past the next renewal period
+    assert await redis.zscore(keys.tenant_running("default"), member) is None
+
+
 async def test_pause_turn_continues_with_the_same_turn(
     redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
 ) -> None:
