@@ -883,16 +883,30 @@ class Store:
         `done_only`, not accepted); `records` as just read by the caller, else read here."""
         if records is None:
             records = await self.get_tasks(goal_id)
-        out: dict[str, TaskResult | None] = {}
+        wanted: dict[str, int] = {}
         for tid in task_ids:
             rec = records.get(tid)
-            usable = rec is not None and rec.attempt >= 1 and (not done_only or rec.state is TaskState.DONE)
-            out[tid] = await self.get_result(goal_id, tid, rec.attempt) if rec is not None and usable else None
-        return out
+            if rec is not None and rec.attempt >= 1 and (not done_only or rec.state is TaskState.DONE):
+                wanted[tid] = rec.attempt
+        found = await self.get_results(goal_id, list(wanted.items()))
+        return {tid: found.get((tid, wanted[tid])) if tid in wanted else None for tid in task_ids}
 
     async def get_result(self, goal_id: str, task_id: str, attempt: int) -> TaskResult | None:
         raw = await self.redis.hget(self.keys.results(goal_id), self.keys.result_field(task_id, attempt))  # type: ignore[misc]
         return self.parse_result(goal_id, task_id, attempt, raw)
+
+    async def get_results(
+        self, goal_id: str, attempts: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], TaskResult | None]:
+        """The stored results of several (task id, attempt), in one read (they are fields of one hash)."""
+        if not attempts:
+            return {}
+        fields = [self.keys.result_field(tid, attempt) for tid, attempt in attempts]
+        raws = await self.redis.hmget(self.keys.results(goal_id), fields)  # type: ignore[misc]
+        return {
+            (tid, attempt): self.parse_result(goal_id, tid, attempt, raw)
+            for (tid, attempt), raw in zip(attempts, raws, strict=True)
+        }
 
     def parse_result(self, goal_id: str, task_id: str, attempt: int, raw: bytes | str | None) -> TaskResult | None:
         """A stored result as read from the results hash (None: none stored)."""

@@ -302,11 +302,10 @@ async def _write_final(
     rt: Runtime, goal: GoalRecord, stored: StoredPlan, records: dict[str, TaskRecord]
 ) -> FinalVerdict | None:
     """One model call: the final answer and its verdict; then the goal's machine check, if any."""
-    # Each result of the attempts in question, read at once (they are independent hash fields).
-    results = await asyncio.gather(
-        *(rt.store.get_result(goal.id, spec.id, records[spec.id].attempt) for spec in stored.plan.tasks)
-    )
-    accepted = list(zip(stored.plan.tasks, results, strict=True))
+    # Each result of the attempts in question, in one read (they are fields of one hash).
+    wanted = [(spec.id, records[spec.id].attempt) for spec in stored.plan.tasks]
+    found = await rt.store.get_results(goal.id, wanted)
+    accepted = [(spec, found[key]) for spec, key in zip(stored.plan.tasks, wanted, strict=True)]
     outcome = await rt.within_budget(
         goal.id,
         ask_for_final(

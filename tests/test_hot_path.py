@@ -179,3 +179,20 @@ async def test_a_step_write_brings_back_the_tasks_state_once_and_only_in_time(re
     assert seen is not None and seen[0] == TaskState.CANCELLED.value
     await attempts.append_step(StepRecord(index=2, assistant=turn, usage=Usage(), stop_reason="stop"))
     assert attempts.task_seen(within=0.0) is None  # too late: the caller reads the task itself
+
+
+async def test_several_results_are_read_in_one_read_and_a_missing_one_is_none(redis: ArqRedis, keys: Keys) -> None:
+    """`get_results` (and `latest_results` with it) reads the fields of the goal's results hash
+    together: each stored attempt's result, None for one never stored."""
+    from bus.schemas import TaskResult
+    from bus.stops import TaskStop
+
+    store = Store(redis, keys)
+    for tid, attempt in (("a", 1), ("b", 2)):
+        result = TaskResult(
+            goal_id="g11", task_id=tid, attempt=attempt, answer=f"{tid}{attempt}", stop_reason=TaskStop.ANSWERED
+        )
+        await redis.hset(keys.results("g11"), keys.result_field(tid, attempt), result.model_dump_json())
+    found = await store.get_results("g11", [("a", 1), ("b", 1), ("b", 2)])
+    assert {k: v.answer if v else None for k, v in found.items()} == {("a", 1): "a1", ("b", 1): None, ("b", 2): "b2"}
+    assert await store.get_results("g11", []) == {}
