@@ -5,7 +5,7 @@ arq, each checked by tests/test_arq_internals.py, which fails loudly when an arq
 them: `Worker.main` (re-implemented below), `Worker._poll_iteration` (called below),
 `Worker.start_jobs` (re-implemented below, with the slot bookkeeping it shares with `run_job`:
 `sem`, `job_counter`, `tasks`, `_release_sem_dec_counter_on_complete`), the in-progress mark
-`arq:in-progress:<job id>` with `Worker.in_progress_timeout_s` (`hold_job`, `_CLAIM`), and the
+`arq:in-progress:<job id>` with `Worker.in_progress_timeout_s` (`hold_job`, `bus.fleet.JobClaims`), and the
 format of `run_job`'s per-job log lines (`JobLinesFilter`).
 
 Wake-ups: an idle worker reacts to a new job at once instead of at its next queue poll.
@@ -33,7 +33,6 @@ from arq.constants import in_progress_key_prefix
 from arq.utils import timestamp_ms
 from arq.worker import Worker
 from arq.worker import logger as arq_logger
-from redis.commands.core import AsyncScript
 
 from bus import fleet
 from bus.connection import RedisError
@@ -58,18 +57,6 @@ class JobLinesFilter(logging.Filter):
 
 
 _JOB_LINES_FILTER = JobLinesFilter()
-
-
-# arq 0.28's pick-up of one job (`Worker.start_jobs`: WATCH the in-progress mark, EXISTS it, ZSCORE
-# the job, then MULTI PSETEX EXEC), as one atomic script. KEYS: the mark, the queue. ARGV: the job
-# id, now in ms, the mark's TTL in ms. Returns the job's score, or nil when it must not start here.
-_CLAIM = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not score or tonumber(score) > tonumber(ARGV[2]) then return false end
-redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
-return score
-"""
 
 
 def reconnect_delay(failures: int) -> float:
@@ -103,7 +90,7 @@ class WakeableWorker(Worker):
 
         super().__init__(*args, after_job_end=job_ended, **kwargs)
         self._page_full = False  # the last poll read `queue_read_limit` ids: more may be queued
-        self._claim: AsyncScript | None = None  # `_CLAIM`, registered on the pool at the first poll
+        self._claims: fleet.JobClaims | None = None  # on the pool, at the first poll (arq may make the pool then)
         if _JOB_LINES_FILTER not in arq_logger.filters:
             arq_logger.addFilter(_JOB_LINES_FILTER)
         if job_lease is not None:
@@ -158,8 +145,8 @@ class WakeableWorker(Worker):
 
         arq 0.28 picks a job up with WATCH, EXISTS, ZSCORE, then MULTI, PSETEX, EXEC: four round
         trips and six commands for every job, the most of any step of a taskloom job (client CPU on
-        a busy worker is mostly per round trip). `_CLAIM` makes the same decision with the same
-        keys atomically in a script: mark the job in progress for `in_progress_timeout_s` unless it
+        a busy worker is mostly per round trip). `bus.fleet.JobClaims` makes the same decision with the
+        same keys atomically in a script: mark the job in progress for `in_progress_timeout_s` unless it
         is already marked, has left the queue, or is not due yet (its score, in ms, later than now
         by this worker's clock, as arq compares it). Then the job runs exactly as arq starts it
         (`run_job`, in a task in `self.tasks`, its slot freed when it ends).
@@ -171,8 +158,8 @@ class WakeableWorker(Worker):
         """
         self._page_full = len(job_ids) >= self.queue_read_limit
         running = {job_id for job_id, task in self.tasks.items() if not task.done()}
-        if self._claim is None:
-            self._claim = self.pool.register_script(_CLAIM)
+        if self._claims is None:
+            self._claims = fleet.JobClaims(self.pool)
         for job_id_b in job_ids:
             job_id = job_id_b.decode()
             if job_id in running:
@@ -183,9 +170,8 @@ class WakeableWorker(Worker):
                 return
             self.job_counter += 1
             try:
-                score = await self._claim(
-                    keys=[in_progress_key_prefix + job_id, self.queue_name],
-                    args=[job_id, timestamp_ms(), int(self.in_progress_timeout_s * 1000)],
+                score = await self._claims.claim(
+                    self.queue_name, job_id, timestamp_ms(), int(self.in_progress_timeout_s * 1000)
                 )
             except BaseException:
                 self._release_sem_dec_counter_on_complete()  # the slot is not taken (arq's own leaks it)
@@ -195,7 +181,7 @@ class WakeableWorker(Worker):
                 self._release_sem_dec_counter_on_complete()
                 arq_logger.debug("job %s already running elsewhere", job_id)
                 continue
-            task = asyncio.get_running_loop().create_task(self.run_job(job_id, int(float(score))))
+            task = asyncio.get_running_loop().create_task(self.run_job(job_id, score))
             task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
             self.tasks[job_id] = task
 
