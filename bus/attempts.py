@@ -146,11 +146,11 @@ end
 return 1
 """
 
-# KEYS: lease, steps, pending, task record. ARGV: epoch, expected index, step JSON.
-# Appends the step only at its index (a duplicate append is a no-op) and clears the pending step.
-# Returns {1 appended | 2 already there, the task's state, its attempt}, or {0} when the lease was
-# lost. The task's state rides along for the check before the next model call (cancelled? moved
-# on to another attempt?), which then needs no read of its own.
+# KEYS: lease, steps, pending, task record. ARGV: epoch, expected index, step JSON, '1' to read the
+# task. Appends the step only at its index (a duplicate append is a no-op) and clears the pending
+# step. Returns {1 appended | 2 already there, the task's state, its attempt} (state '' when not
+# read), or {0} when the lease was lost. The task's state rides along for the check before the next
+# model call (cancelled? moved on to another attempt?), which then needs no read of its own.
 _APPEND_STEP = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return {0} end
 local status = 2
@@ -159,6 +159,7 @@ if redis.call('LLEN', KEYS[2]) <= tonumber(ARGV[2]) then
   redis.call('DEL', KEYS[3])
   status = 1
 end
+if ARGV[4] ~= '1' then return {status, '', '0'} end
 local task = redis.call('HMGET', KEYS[4], 'state', 'attempt')
 return {status, task[1] or '', task[2] or '0'}
 """
@@ -329,12 +330,14 @@ class AttemptStore:
         """Store a call's outcome, and with it (same script) its audit `event` on the goal's streams."""
         await self._set(f"result:{outcome.call_id}", outcome.model_dump_json(), event=event)
 
-    async def append_step(self, step: StepRecord) -> None:
+    async def append_step(self, step: StepRecord, *, read_task: bool = True) -> None:
+        """Store a completed step; `read_task`: also read the task's state for `task_seen` (not
+        wanted after the last step of an attempt)."""
         self._empty = False
         self._only_turn = None
         out = await self._append(
             keys=[self.lease_key, self.steps_key, self.pending_key, self.task_key],
-            args=[self.epoch, step.index, step.model_dump_json()],
+            args=[self.epoch, step.index, step.model_dump_json(), int(read_task)],
         )
         if not int(out[0]):
             raise LeaseLost(self.member, self.epoch)

@@ -295,7 +295,7 @@ class Loop:
             stop_reason=response.stop_reason,
             notes=notes,
         )
-        await self.store.append_step(step)
+        await self.store.append_step(step, read_task=end is None)  # the task is read for a next call only
         state.steps += 1
         state.notes.update(notes)
         messages.append(assistant)

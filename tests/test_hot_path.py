@@ -179,6 +179,9 @@ async def test_a_step_write_brings_back_the_tasks_state_once_and_only_in_time(re
     assert seen is not None and seen[0] == TaskState.CANCELLED.value
     await attempts.append_step(StepRecord(index=2, assistant=turn, usage=Usage(), stop_reason="stop"))
     assert attempts.task_seen(within=0.0) is None  # too late: the caller reads the task itself
+    await attempts.append_step(StepRecord(index=3, assistant=turn, usage=Usage(), stop_reason="stop"), read_task=False)
+    assert attempts.task_seen() is None  # the last step of an attempt does not read the task
+    assert len(await attempts.steps()) == 4
 
 
 async def test_several_results_are_read_in_one_read_and_a_missing_one_is_none(redis: ArqRedis, keys: Keys) -> None:
