@@ -846,8 +846,7 @@ class Store:
             data=data,
             causes=causes,
         )
-        out = await move.call.script(keys=move.call.keys, args=move.call.args)
-        return self._outcome(out, move.entity, move.target, move.expected_attempt)
+        return self.move_outcome(move, await move.call.script(keys=move.call.keys, args=move.call.args))
 
     def move_outcome(self, move: TaskMove, reply: Any) -> bool:
         """What `transition_task` returns or raises for `move`, from the reply of its script sent
@@ -862,10 +861,8 @@ class Store:
         replies = await run_scripts(self.redis, [m.call for m in moves])
         out: list[bool | StoreError] = []
         for move, reply in zip(moves, replies, strict=True):
-            if isinstance(reply, BaseException):
-                raise reply  # Redis trouble, not an outcome of the move
             try:
-                out.append(self._outcome(reply, move.entity, move.target, move.expected_attempt))
+                out.append(self.move_outcome(move, reply))  # Redis trouble in `reply` is raised
             except StoreError as exc:
                 out.append(exc)
         return out
