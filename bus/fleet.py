@@ -4,9 +4,7 @@ Everything the composition root (`taskloom.health`, `taskloom.metrics`, `taskloo
 writes about workers, so that no module outside `bus` talks to Redis. Keys from `bus.keys`:
 * `workers(role)` sorted set: worker instance (`host:pid`) by heartbeat expiry (ms);
 * `queue(role)` arq's queue (ZCARD: queued and deferred jobs);
-* `wake(role)` stream: one entry per enqueued job (`Jobs.enqueue`);
-* arq's in-progress mark of a job (`arq:in-progress:<job id>`), set when a worker picks it up
-  (`JobClaims`).
+* `wake(role)` stream: one entry per enqueued job (`Jobs.enqueue`).
 """
 
 from __future__ import annotations
@@ -14,40 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from arq.constants import in_progress_key_prefix
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 
 from .keys import ROLES, Keys
 
 # Dead members are kept this long, so that `taskloom health` can say when a worker was last seen.
 FORGET_AFTER_MS = 3600 * 1000
-
-
-# arq 0.28's pick-up of one job (`Worker.start_jobs`: WATCH the in-progress mark, EXISTS it, ZSCORE
-# the job, then MULTI PSETEX EXEC), as one atomic script. KEYS: the mark, the queue. ARGV: the job
-# id, now in ms, the mark's TTL in ms. Returns the job's score, or nil when it must not start here.
-_CLAIM = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not score or tonumber(score) > tonumber(ARGV[2]) then return false end
-redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
-return score
-"""
-
-
-class JobClaims:
-    """arq's pick-up of a job on one client, in one round trip instead of four (see `_CLAIM`)."""
-
-    def __init__(self, redis: Redis) -> None:
-        self._script: AsyncScript = redis.register_script(_CLAIM)
-
-    async def claim(self, queue: str, job_id: str, now: int, lease_ms: int) -> int | None:
-        """Mark the queued job `job_id` in progress for `lease_ms` and return its score (ms), unless
-        it is already in progress, no longer queued, or not due at `now` (ms): then None, and
-        nothing is written."""
-        score = await self._script(keys=[in_progress_key_prefix + job_id, queue], args=[job_id, now, lease_ms])
-        return None if score is None else int(float(_s(score)))
 
 
 def now_ms() -> int:
