@@ -45,6 +45,11 @@ class ToolUseBlock(_Model):
     id: str = Field(min_length=1)
     name: str = Field(min_length=1, description="the tool's own name, before any provider mapping")
     input: dict[str, Any] = Field(default_factory=dict)
+    # The provider sent arguments that are not a JSON object (a local server's `null` or broken
+    # JSON): their raw text, with `input` empty. The tool gateway answers such a call with an ERROR
+    # observation instead of running it. Left out of dumps when unset, so stored histories and
+    # cassette digests are unchanged.
+    invalid_input: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ToolResultBlock(_Model):
@@ -156,6 +161,10 @@ class ModelResponse(_Model):
     usage: Usage
     request_id: str | None = None
     model: str
+    # False when the provider's reply carried no usage (some local servers): `usage` is then zero and
+    # means nothing; the ledger charges the call at its reservation's worst case and flags it.
+    # Left out of dumps when True, so stored responses and cassettes are unchanged.
+    usage_reported: bool = Field(default=True, exclude_if=lambda v: v)
     # Transport metadata, never stored or recorded (cassettes, results): excluded from dumps.
     rate_limit: RateLimitInfo | None = Field(default=None, exclude=True)
 
