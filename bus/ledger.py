@@ -35,7 +35,6 @@ overrun, because the call is made with `max_tokens` clamped to the reservation.
 
 from __future__ import annotations
 
-import math
 import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -51,6 +50,7 @@ from llm.types import Usage
 
 from .events import CorruptRecord, first_error
 from .keys import Keys
+from .prices import PriceTable
 from .store import NotFound
 
 # Pool names end up inside Redis keys and inside newline-separated records.
@@ -142,94 +142,6 @@ class BudgetExhausted(LedgerError):
             type(self),
             (self.goal_id, self.budget, self.spent, self.reserved, self.requested, self.pool, self.unit),
         )
-
-
-# -- prices (pure) --------------------------------------------------------------------------------
-
-
-class ModelPrice(BaseModel):
-    """USD per million tokens of each kind."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    input: float = Field(ge=0)
-    output: float = Field(ge=0)
-    cache_read: float = Field(ge=0)
-    cache_write: float = Field(ge=0)
-
-
-# Anthropic list prices (USD per million tokens; cache write = the 5-minute TTL price). A model id
-# matches its longest listed prefix, so dated ids ("claude-sonnet-4-5-20250929") need no entry.
-DEFAULT_PRICES: Mapping[str, ModelPrice] = {
-    "claude-opus-4-5": ModelPrice(input=5, output=25, cache_read=0.5, cache_write=6.25),
-    "claude-opus-4": ModelPrice(input=15, output=75, cache_read=1.5, cache_write=18.75),
-    "claude-sonnet-4": ModelPrice(input=3, output=15, cache_read=0.3, cache_write=3.75),
-    "claude-3-7-sonnet": ModelPrice(input=3, output=15, cache_read=0.3, cache_write=3.75),
-    "claude-haiku-4-5": ModelPrice(input=1, output=5, cache_read=0.1, cache_write=1.25),
-    "claude-3-5-haiku": ModelPrice(input=0.8, output=4, cache_read=0.08, cache_write=1),
-    "demo": ModelPrice(input=0, output=0, cache_read=0, cache_write=0),
-}
-
-
-def _rate(usd_per_mtok: float) -> int:
-    """USD per million tokens as integer micro-USD per million tokens (rounded up, exact for prices
-    with up to 6 decimals), so costs are exact integer arithmetic here and in the reserve script."""
-    return math.ceil(Decimal(str(usd_per_mtok)) * 1_000_000)
-
-
-class PriceTable:
-    """Per-model prices; costs are integer micro-USD, rounded up (the books never under-report)."""
-
-    def __init__(self, prices: Mapping[str, ModelPrice] | None = None, *, defaults: bool = True) -> None:
-        merged = dict(DEFAULT_PRICES) if defaults else {}
-        merged.update(prices or {})
-        # Longest prefix first, so "claude-opus-4-5" wins over "claude-opus-4".
-        self._prices = sorted(merged.items(), key=lambda kv: len(kv[0]), reverse=True)
-        # model id -> (input, output, cache read, cache write) rates, or None: resolved once per id.
-        self._rates: dict[str, tuple[int, int, int, int] | None] = {}
-
-    def price(self, model: str | None) -> ModelPrice | None:
-        if model is None:
-            return None
-        return next((p for name, p in self._prices if model == name or model.startswith(name)), None)
-
-    def _rates_of(self, model: str | None) -> tuple[int, int, int, int] | None:
-        if model is None:
-            return None
-        if model not in self._rates:
-            p = self.price(model)
-            self._rates[model] = (
-                None if p is None else (_rate(p.input), _rate(p.output), _rate(p.cache_read), _rate(p.cache_write))
-            )
-        return self._rates[model]
-
-    def cost(self, model: str | None, usage: Usage) -> int | None:
-        """Micro-USD of `usage` on `model`; None when the model has no price."""
-        r = self._rates_of(model)
-        if r is None:
-            return None
-        scaled = (
-            usage.input_tokens * r[0]
-            + usage.output_tokens * r[1]
-            + usage.cache_read_tokens * r[2]
-            + usage.cache_write_tokens * r[3]
-        )
-        return -(-scaled // 1_000_000)  # ceiling division
-
-    def per_mtok_micro(self, model: str | None) -> tuple[int, int]:
-        """(input, output) price in micro-USD per million tokens, for the reserve script: the
-        reservation's worst case. Input is priced at the dearest rate an input token can incur
-        (the cache-write rate when it is above the input rate), output at the output rate."""
-        r = self._rates_of(model)
-        return (0, 0) if r is None else (max(r[0], r[2], r[3]), r[1])
-
-    def priced(self, model: str | None) -> bool:
-        return self._rates_of(model) is not None
-
-    def worst_cost(self, model: str | None, input_tokens: int, output_tokens: int) -> int:
-        """Micro-USD a call of this size can cost at most (what the reserve script holds)."""
-        pin, pout = self.per_mtok_micro(model)
-        return -(-(input_tokens * pin + output_tokens * pout) // 1_000_000)
 
 
 # -- the clamp decision (pure; the reserve script implements the same rule) -----------------------
@@ -767,7 +679,7 @@ class Ledger:
         if estimated_input < 0 or max_tokens < 1:
             raise ValueError(f"need estimated_input >= 0 and max_tokens >= 1, got {estimated_input}, {max_tokens}")
         rid = uuid.uuid4().hex
-        price_in, price_out = self.prices.per_mtok_micro(model)
+        price_in, price_out = self.prices.per_mtok_micro(model, estimated_input)
         # The model is a line of the reservation's record and part of field names: no whitespace.
         model_tag = "-" if model is None else re.sub(r"\s", "_", model)[:200] or "-"
         out = await self._reserve(

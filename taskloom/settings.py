@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bus.keys import Keys
-from bus.ledger import ModelPrice
+from bus.prices import ModelPrice
 from bus.ratelimit import RateLimit, load_rate_limits
 from bus.runtime import Limits
 from bus.schemas import MAX_BUDGET_TOKENS

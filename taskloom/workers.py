@@ -42,9 +42,10 @@ from bus.connection import connect
 from bus.events import EventLog
 from bus.jobs import JobPayload, parse_payload
 from bus.keys import ROLES
-from bus.ledger import Ledger, PriceTable
+from bus.ledger import Ledger
 from bus.metered import Degrade, ModelFactory
 from bus.observe import Observer, install, observe
+from bus.prices import PriceTable
 from bus.ratelimit import RateLimiter
 from bus.retry import (
     GiveUp,
