@@ -218,6 +218,10 @@ class LedgerSnapshot(BaseModel):
     spent_cache_read: int
     spent_cache_write: int
     spent_unknown: int = Field(description="forfeited and expired reservations, counted in full")
+    usage_unknown: int = Field(default=0, description="calls whose reply carried no usage, counted in full")
+    served_by: dict[str, str] = Field(
+        default_factory=dict, description="the model that last served each role's calls (role -> model)"
+    )
     calls: int
     cost_micro_usd: int
     cost_usd: float
@@ -249,6 +253,8 @@ class LedgerSnapshot(BaseModel):
             spent_cache_read=n("spent_cache_read"),
             spent_cache_write=n("spent_cache_write"),
             spent_unknown=n("spent_unknown"),
+            usage_unknown=n("usage_unknown"),
+            served_by={k.removeprefix("served:"): v for k, v in h.items() if k.startswith("served:")},
             calls=n("calls"),
             cost_micro_usd=n("cost_micro_usd"),
             cost_usd=n("cost_micro_usd") / 1_000_000,
@@ -271,7 +277,8 @@ class LedgerSnapshot(BaseModel):
 # `close` takes one open reservation off the books (the goal's, the tenant period pool's, each pool's):
 #   'settle'  spent += the reported usage (by kind), cost += the priced usage;
 #   'release' nothing spent;
-#   'forfeit' / 'expire'  spent_unknown += the full amount, cost += the worst-case cost.
+#   'forfeit' / 'expire' / 'unknown'  spent_unknown += the full amount, cost += the worst-case cost
+#   ('unknown': the call succeeded but its reply carried no usage; counted as `usage_unknown`).
 # Every book also gives back the worst-case cost it held (`reserved_micro`). The tenant period pool
 # also keeps the spend per model (`m:<model>:<kind>`), for `taskloom ledger --tenant`.
 # It returns false when the id is not open: closing is idempotent.
@@ -345,7 +352,7 @@ local function book(key, amount, fcost, mode, u, model, extra)
       add('spent_unknown', amount, true)
       add('spent', amount, true)
       add('cost_micro_usd', fcost, true)
-      add(mode == 'expire' and 'expired' or 'forfeits', 1, true)
+      add(mode == 'expire' and 'expired' or mode == 'unknown' and 'usage_unknown' or 'forfeits', 1, true)
       if model then
         add('m:' .. model .. ':unknown', amount, true)
         add('m:' .. model .. ':cost', fcost, true)
@@ -568,17 +575,22 @@ return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g
 )
 
 # KEYS: open hash, expiry zset.
-# ARGV: reservation's expiry entry (`Reservation.entry`, or its id), mode ('settle' | 'release' | 'forfeit'),
-#       end the goal's provider trouble ('1'/'0': its clock `trouble_since` is set to 0 in the same
-#       write as the goal's books, so a successful call ends it without a command of its own),
-#       then for 'settle': input, output, cache read, cache write tokens, cost, unpriced (0/1).
+# ARGV: reservation's expiry entry (`Reservation.entry`, or its id), mode ('settle' | 'release' | 'forfeit'
+#       | 'unknown'), end the goal's provider trouble ('1'/'0': its clock `trouble_since` is set to 0 in
+#       the same write as the goal's books, so a successful call ends it without a command of its own),
+#       a field and value to write to the goal's books in that same write ('' '' for none: the model
+#       that served a role, `served:<role>`), then for 'settle': input, output, cache read, cache
+#       write tokens, cost, unpriced (0/1).
 # Returns 1 if the reservation was open (and is now closed), 0 if it was already closed.
 _CLOSE = (
     _LIB
     + """
 local u = {}
-for i = 4, #ARGV do u[#u + 1] = tonumber(ARGV[i]) end
-local closed = close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u, ARGV[3] == '1' and {'trouble_since', '0'} or nil)
+for i = 6, #ARGV do u[#u + 1] = tonumber(ARGV[i]) end
+local extra = {}
+if ARGV[3] == '1' then extra = {'trouble_since', '0'} end
+if ARGV[4] ~= '' then extra[#extra + 1] = ARGV[4]; extra[#extra + 1] = ARGV[5] end
+local closed = close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u, extra)
 if closed then return 1 end
 return 0
 """
@@ -722,7 +734,13 @@ class Ledger:
         )
 
     async def settle(
-        self, reservation: Reservation, usage: Usage, *, model: str | None = None, end_trouble: bool = False
+        self,
+        reservation: Reservation,
+        usage: Usage,
+        *,
+        model: str | None = None,
+        end_trouble: bool = False,
+        served: tuple[str, str] | None = None,
     ) -> bool:
         """Record what the call really used (priced for `model`, e.g. `ModelResponse.model`).
 
@@ -730,12 +748,14 @@ class Ledger:
         released, forfeited or expired: a retried settle, or one that arrives after expiry
         already counted the full amount. `end_trouble`: a successful call ends the goal's provider
         trouble (`bus.retry.TroubleClock`); its clock is reset in the same write as the books.
+        `served`: (role, model) recorded on the goal's books in the same write (`served_by`).
         """
         cost = self.prices.cost(model or reservation.model, usage)
         return await self._close_one(
             reservation,
             "settle",
             end_trouble,
+            served,
             usage.input_tokens,
             usage.output_tokens,
             usage.cache_read_tokens,
@@ -746,16 +766,26 @@ class Ledger:
 
     async def release(self, reservation: Reservation) -> bool:
         """Free the reservation: the call never reached the provider. Idempotent like `settle`."""
-        return await self._close_one(reservation, "release", False)
+        return await self._close_one(reservation, "release", False, None)
 
     async def forfeit(self, reservation: Reservation) -> bool:
         """Count the full reservation as spent: the call's outcome is unknown (timeout, cancellation)."""
-        return await self._close_one(reservation, "forfeit", False)
+        return await self._close_one(reservation, "forfeit", False, None)
 
-    async def _close_one(self, reservation: Reservation, mode: str, end_trouble: bool, *usage: int) -> bool:
+    async def settle_unknown(
+        self, reservation: Reservation, *, end_trouble: bool = False, served: tuple[str, str] | None = None
+    ) -> bool:
+        """The call succeeded but its reply carried no usage (some local servers): count the full
+        reservation as spent at its worst-case cost, as `usage_unknown`, never as free."""
+        return await self._close_one(reservation, "unknown", end_trouble, served)
+
+    async def _close_one(
+        self, reservation: Reservation, mode: str, end_trouble: bool, served: tuple[str, str] | None, *usage: int
+    ) -> bool:
+        field, value = (f"served:{served[0]}", served[1]) if served is not None else ("", "")
         out = await self._close(
             keys=[self._open_key, self._expiry_key],
-            args=[reservation.entry or reservation.id, mode, int(end_trouble), *usage],
+            args=[reservation.entry or reservation.id, mode, int(end_trouble), field, value, *usage],
         )
         return bool(out)
 
