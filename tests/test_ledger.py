@@ -91,7 +91,8 @@ def test_price_overrides_and_forfeit_prices() -> None:
     assert table.source("claude-sonnet-4-5") == "configured"
     assert table.per_mtok_micro("claude-3-5-haiku") == (1_000_000, 4_000_000)
     assert table.source("claude-3-5-haiku") == "genai-prices"
-    # A tiered model's worst case is the tier its input reaches, the highest without an estimate (Sonnet 4.5 past 200k input: 7.5 cache write, 22.5 out).
+    # A tiered model's worst case is the tier its input reaches, the highest without an estimate
+    # (Sonnet 4.5 past 200k input: 7.5 cache write, 22.5 out).
     assert table.per_mtok_micro("claude-sonnet-4-5-20250929") == (3_000_000, 10_000_000)
     assert PriceTable().per_mtok_micro("claude-sonnet-4-5-20250929") == (7_500_000, 22_500_000)
     assert PriceTable().per_mtok_micro("claude-sonnet-4-5-20250929", 10_000) == (3_750_000, 15_000_000)
