@@ -366,7 +366,7 @@ end
 -- member itself, so opening and closing a reservation each touch one key less). A member that is a
 -- bare id was written by a worker of an earlier version, which kept the record in the open hash.
 -- `goal_extra`: field/value pairs written to the goal's books with the same HSET.
-local function close(open_key, expiry_key, member, mode, u, goal_extra)
+local function close(open_key, expiry_key, member, mode, u, goal_extra, watch)
   if redis.call('ZREM', expiry_key, member) == 0 then return false end
   local f = lines(member)
   if #f == 1 then
@@ -376,10 +376,13 @@ local function close(open_key, expiry_key, member, mode, u, goal_extra)
     f = lines(member .. '\\n' .. rec)
   end
   local amount, fcost = tonumber(f[3]), tonumber(f[4])
+  -- `watch` {field, value}: whether the goal's books held another value in that field before.
+  local changed = watch and redis.call('HGET', f[2], watch[1]) ~= watch[2]
   book(f[2], amount, fcost, mode, u, nil, goal_extra)
   if f[6] ~= '-' then book(f[6], amount, fcost, mode, u, f[5]) end
   for i = 7, #f do book(f[i], amount, fcost, mode, u, nil) end
-  return true
+  if changed then return 2 end
+  return 1
 end
 
 local function sweep(open_key, expiry_key, t, limit)
@@ -581,17 +584,21 @@ return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g
 #       a field and value to write to the goal's books in that same write ('' '' for none: the model
 #       that served a role, `served:<role>`), then for 'settle': input, output, cache read, cache
 #       write tokens, cost, unpriced (0/1).
-# Returns 1 if the reservation was open (and is now closed), 0 if it was already closed.
+# Returns 1 if the reservation was open (and is now closed), 2 if so and the served model of the role
+# changed (the first call of the role, or a failover), 0 if it was already closed.
 _CLOSE = (
     _LIB
     + """
 local u = {}
 for i = 6, #ARGV do u[#u + 1] = tonumber(ARGV[i]) end
-local extra = {}
+local extra, watch = {}, nil
 if ARGV[3] == '1' then extra = {'trouble_since', '0'} end
-if ARGV[4] ~= '' then extra[#extra + 1] = ARGV[4]; extra[#extra + 1] = ARGV[5] end
-local closed = close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u, extra)
-if closed then return 1 end
+if ARGV[4] ~= '' then
+  extra[#extra + 1] = ARGV[4]; extra[#extra + 1] = ARGV[5]
+  watch = {ARGV[4], ARGV[5]}
+end
+local closed = close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u, extra, watch)
+if closed then return closed end
 return 0
 """
 )
@@ -741,10 +748,11 @@ class Ledger:
         model: str | None = None,
         end_trouble: bool = False,
         served: tuple[str, str] | None = None,
-    ) -> bool:
+    ) -> int:
         """Record what the call really used (priced for `model`, e.g. `ModelResponse.model`).
 
-        True if this closed the reservation; False (nothing changed) if it was already settled,
+        Truthy if this closed the reservation (2: and `served` changed the role's model, 1: it did
+        not); 0 (nothing changed) if it was already settled,
         released, forfeited or expired: a retried settle, or one that arrives after expiry
         already counted the full amount. `end_trouble`: a successful call ends the goal's provider
         trouble (`bus.retry.TroubleClock`); its clock is reset in the same write as the books.
@@ -766,28 +774,28 @@ class Ledger:
 
     async def release(self, reservation: Reservation) -> bool:
         """Free the reservation: the call never reached the provider. Idempotent like `settle`."""
-        return await self._close_one(reservation, "release", False, None)
+        return bool(await self._close_one(reservation, "release", False, None))
 
     async def forfeit(self, reservation: Reservation) -> bool:
         """Count the full reservation as spent: the call's outcome is unknown (timeout, cancellation)."""
-        return await self._close_one(reservation, "forfeit", False, None)
+        return bool(await self._close_one(reservation, "forfeit", False, None))
 
     async def settle_unknown(
         self, reservation: Reservation, *, end_trouble: bool = False, served: tuple[str, str] | None = None
-    ) -> bool:
+    ) -> int:
         """The call succeeded but its reply carried no usage (some local servers): count the full
         reservation as spent at its worst-case cost, as `usage_unknown`, never as free."""
         return await self._close_one(reservation, "unknown", end_trouble, served)
 
     async def _close_one(
         self, reservation: Reservation, mode: str, end_trouble: bool, served: tuple[str, str] | None, *usage: int
-    ) -> bool:
+    ) -> int:
         field, value = (f"served:{served[0]}", served[1]) if served is not None else ("", "")
         out = await self._close(
             keys=[self._open_key, self._expiry_key],
             args=[reservation.entry or reservation.id, mode, int(end_trouble), field, value, *usage],
         )
-        return bool(out)
+        return int(out)
 
     async def sweep(self) -> int:
         """Forfeit every expired reservation (of any goal under this prefix); returns how many."""

@@ -320,6 +320,11 @@ class MeteredModel:
             )
         return d.fallback
 
+    async def _serving(self, label: str, inner: ModelPort) -> None:
+        """The event of a role's calls for the goal moving to a model: its first call, or a failover
+        (the ledger's close says so, in the settle's own write: no read of its own)."""
+        await self._emit("model.serving", {"role": self.role, "model": label, "model_id": inner.model})
+
     async def _rate_waited(self, grant: Grant) -> None:
         observe(lambda o: o.rate_limit_wait(grant.bucket, grant.waited))
         await self._emit("model.rate_limited", {"bucket": grant.bucket, "waited": round(grant.waited, 3)})
@@ -384,15 +389,19 @@ class MeteredModel:
             if response is not None and not response.usage_reported:
                 # No usage in the reply (some local servers): the worst case, flagged; never free.
                 log.warning("ledger.usage_unknown", goal_id=self.goal_id, model=inner.model)
-                await self.ledger.settle_unknown(reservation, end_trouble=end_trouble, served=served)
+                closed = await self.ledger.settle_unknown(reservation, end_trouble=end_trouble, served=served)
+                if closed == 2:
+                    await self._serving(label, inner)
             elif response is not None:
-                await self.ledger.settle(
+                closed = await self.ledger.settle(
                     reservation,
                     response.usage,
                     model=_priced_as(inner, response),
                     end_trouble=end_trouble,
                     served=served,
                 )
+                if closed == 2:
+                    await self._serving(label, inner)
             elif failure is not None and nothing_billed(failure):
                 await self.ledger.release(reservation)
             else:

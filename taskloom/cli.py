@@ -40,6 +40,7 @@ from bus.approvals import AlreadyDecided
 from bus.client import Client, GoalStatus, WaitTimeout
 from bus.connection import EmbeddedRedisError, RedisRefused, RedisTimeout, RedisUnavailable
 from bus.keys import ROLES
+from bus.ledger import LedgerNotFound
 from bus.schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, GoalState
 from bus.store import AlreadyExists, CorruptRecord, IllegalTransition, NotFound
 from bus.tenants import TenantView
@@ -391,30 +392,42 @@ def _check_tools(names: list[str], settings: Settings) -> None:
         _fail(EXIT_INVALID, f"--tool: unknown tool {listed}; expected one of: {', '.join(known) or '(none loaded)'}")
 
 
-def _status_json(s: GoalStatus, approvals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _status_json(
+    s: GoalStatus, approvals: dict[str, dict[str, Any]], served: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
         **s.goal.model_dump(mode="json"),
         "plan": s.plan.model_dump(mode="json") if s.plan else None,
         "tasks": [t.model_dump(mode="json") for t in s.tasks],
         "awaiting_approval": [{"call_id": cid, **req} for cid, req in approvals.items()],
+        "models": served or {},
     }
 
 
 @app.command()
 def status(goal_id: str, as_json: JsonOpt = False) -> None:
-    """Show a goal: its state, answer, plan version, every task's state and the calls awaiting approval."""
+    """Show a goal: its state, answer, plan version, every task's state, the model each role's calls
+    went to, and the calls awaiting approval."""
 
-    async def go(c: Client) -> tuple[GoalStatus, dict[str, dict[str, Any]]]:
-        return await c.status(goal_id), await c.approvals(goal_id)
+    async def go(c: Client) -> tuple[GoalStatus, dict[str, dict[str, Any]], dict[str, str]]:
+        s, approvals = await c.status(goal_id), await c.approvals(goal_id)
+        try:
+            served = (await c.ledger.snapshot(goal_id)).served_by
+        except LedgerNotFound:
+            served = {}
+        return s, approvals, served
 
-    s, approvals = _with_client(go)
+    s, approvals, served = _with_client(go)
     if as_json:
-        _print_json(_status_json(s, approvals))
+        _print_json(_status_json(s, approvals, served))
         return
     g = s.goal
     show((g.id, "bold"), "  ", (g.state.value, "cyan"), f"  budget {g.budget_tokens:,} tokens  plan v{g.plan_version}")
     show("goal: ", g.goal.text)
     show("review: ", g.goal.review + ("  (machine check)" if g.goal.check is not None else ""))
+    if g.goal.model or served:
+        roles = "  ".join(f"{role} {served[role]}" for role in ROLES if role in served)
+        show("models: ", (f"goal asks for {g.goal.model}  " if g.goal.model else "") + (roles or "no call yet"))
     if g.reason:
         show("reason: ", g.reason)
     if trace_id_of(g.traceparent):
