@@ -1030,7 +1030,7 @@ def models(as_json: JsonOpt = False) -> None:
     prices = PriceTable(settings.all_prices())
     limits = settings.all_rate_limits()
     names = sorted({*catalog.aliases, *(n for n in settings.role_models().values())})
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in names:
         config = catalog.config(name)
         alias = catalog.aliases.get(name)
@@ -1060,15 +1060,15 @@ def models(as_json: JsonOpt = False) -> None:
     for row in rows:
         key = "-" if row["key_env"] is None else f"{row['key_env']} ({'set' if row['key_set'] else 'MISSING'})"
         p = row["price"]
-        price = "unpriced" if p is None else f"{p['input']:g}/{p['output']:g}/{p['cache_read']:g}/{p['cache_write']:g}"
+        price_text = "unpriced" if p is None else f"{p['input']:g}/{p['output']:g}/{p['cache_read']:g}/{p['cache_write']:g}"
         if p is not None:
-            price += f" ({row['price_source']})"
+            price_text += f" ({row['price_source']})"
         lim = row["rate_limit"]
-        limit = "-" if lim is None else f"{lim['rpm']} rpm, {lim['input_tpm']}/{lim['output_tpm']} tpm"
+        limit_text = "-" if lim is None else f"{lim['rpm']} rpm, {lim['input_tpm']}/{lim['output_tpm']} tpm"
         if row["context_window"]:
-            limit += f"; {row['context_window']} ctx"
+            limit_text += f"; {row['context_window']} ctx"
         table.add_row(
-            row["name"], f"{row['provider']} / {row['model']}", key, price, limit,
+            row["name"], f"{row['provider']} / {row['model']}", key, price_text, limit_text,
             " -> ".join(row["chain"][1:]) or "-", ", ".join(row["roles"]) or "-",
         )
     out.print(table)
