@@ -52,7 +52,7 @@ def gate(state: BreakerState, cooldown: float) -> Gate:
     claim), or `skip` (open, or another worker's probe is under way, for at most one cool-down)."""
     if state.open_until == 0:
         return "call"
-    if state.now < state.open_until or state.now - state.probe_at < cooldown:
+    if state.now < state.open_until or (state.probe_at > 0 and state.now - state.probe_at < cooldown):
         return "skip"
     return "probe"
 
@@ -110,7 +110,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local h = redis.call('HMGET', KEYS[1], 'open_until', 'probe')
 local open_until, probe = tonumber(h[1] or '0'), tonumber(h[2] or '0')
-if open_until == 0 or now < open_until or now - probe < tonumber(ARGV[1]) then return 0 end
+if open_until == 0 or now < open_until or (probe > 0 and now - probe < tonumber(ARGV[1])) then return 0 end
 redis.call('HSET', KEYS[1], 'probe', string.format('%.6f', now))
 return 1
 """

@@ -1060,7 +1060,9 @@ def models(as_json: JsonOpt = False) -> None:
     for row in rows:
         key = "-" if row["key_env"] is None else f"{row['key_env']} ({'set' if row['key_set'] else 'MISSING'})"
         p = row["price"]
-        price_text = "unpriced" if p is None else f"{p['input']:g}/{p['output']:g}/{p['cache_read']:g}/{p['cache_write']:g}"
+        price_text = (
+            "unpriced" if p is None else f"{p['input']:g}/{p['output']:g}/{p['cache_read']:g}/{p['cache_write']:g}"
+        )
         if p is not None:
             price_text += f" ({row['price_source']})"
         lim = row["rate_limit"]
