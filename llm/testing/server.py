@@ -452,17 +452,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str, rid: str, headers: Mapping[str, str] | None = None) -> None:
         """An error response shaped as the platform shapes its own."""
-        extra = dict(headers or {})
+        extra = {**self._error_headers(status), **(headers or {})}
         body: dict[str, Any]
         if self.platform == "bedrock":
             body = {"message": message}
-            name = _BEDROCK_ERRORS.get(status, "InternalServerException" if status >= 500 else "ValidationException")
-            extra.setdefault("x-amzn-errortype", f"{name}:http://internal.amazon.com/coral/com.amazon.bedrock/")
         elif self.platform == "vertex":
             body = {**error_body(status, message), "request_id": rid}
         else:
             body = error_body(status, message)
         self._send(status, body, rid, extra)
+
+    def _error_headers(self, status: int) -> dict[str, str]:
+        """Bedrock names its exception in `x-amzn-errortype` on every error."""
+        if self.platform != "bedrock" or status < 400:
+            return {}
+        name = _BEDROCK_ERRORS.get(status, "InternalServerException" if status >= 500 else "ValidationException")
+        return {"x-amzn-errortype": f"{name}:http://internal.amazon.com/coral/com.amazon.bedrock/"}
 
     def do_GET(self) -> None:
         self.platform = "anthropic"
@@ -540,7 +545,8 @@ class _Handler(BaseHTTPRequestHandler):
         if failure.body is None:
             return self._error(failure.status, "fake failure", rid, failure.headers)
         body = failure.body
-        self._send(failure.status, body if isinstance(body, str) else dict(body), rid, failure.headers)
+        headers = {**self._error_headers(failure.status), **failure.headers}
+        self._send(failure.status, body if isinstance(body, str) else dict(body), rid, headers)
 
     def _reply(
         self, reply: Reply, body: Mapping[str, Any], rid: str, key: str | None = None, *, arrived: float | None = None
