@@ -12,6 +12,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import anthropic
 import pytest
 
 from llm import (
@@ -188,7 +189,9 @@ async def test_vertex_error_request_id_comes_from_the_body(server: FakeAnthropic
             "vertex",
             Failure(
                 status=403,
-                body={"error": {"code": 403, "message": "Permission denied on resource", "status": "DENIED"}},
+                body={
+                    "error": {"code": 403, "message": "Permission denied on resource", "status": "PERMISSION_DENIED"}
+                },
             ),
             "Permission denied on resource",
         ),
@@ -222,6 +225,39 @@ async def test_bedrock_service_unavailable_retried_then_served(server: FakeAnthr
     server.enqueue(Failure(status=503), text_reply("back"))
     assert (await make("bedrock").complete(_request())).text == "back"
     assert len(server.requests) == 2
+
+
+# -- the fake's platform paths, through the SDK clients as they are ----------------------------------
+
+
+async def test_fake_refuses_the_sdk_default_body_version(server: FakeAnthropicServer) -> None:
+    """The SDK's own `anthropic_version` (the API header's date) is refused like a wrong one, which is why
+    the adapter sets each platform's value: the fake's check, seen failing."""
+    client = anthropic.AsyncAnthropicBedrock(
+        aws_region="us-east-1", aws_access_key=AWS_KEY_ID, aws_secret_key="s", base_url=server.base_url, max_retries=0
+    )
+    with pytest.raises(anthropic.BadRequestError, match="anthropic_version") as caught:
+        await client.messages.create(model=BEDROCK_MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    await client.close()
+    assert caught.value.response.headers["x-amzn-errortype"].startswith("ValidationException:")
+
+
+async def test_fake_streams_vertex_stream_raw_predict(server: FakeAnthropicServer) -> None:
+    """`:streamRawPredict` answers as SSE, which the Vertex client reads into the same message."""
+    server.enqueue(text_reply("streamed answer"))
+    client = anthropic.AsyncAnthropicVertex(
+        region="us-east5", project_id="p", access_token="test-token", base_url=server.base_url, max_retries=0
+    )
+    async with client.messages.stream(
+        model=VERTEX_MODEL,
+        max_tokens=20,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body={"anthropic_version": "vertex-2023-10-16"},
+    ) as stream:
+        message = await stream.get_final_message()
+    await client.close()
+    assert message.content[0].type == "text" and message.content[0].text == "streamed answer"
+    assert server.requests[0].path.endswith(f"/models/{VERTEX_MODEL}:streamRawPredict")
 
 
 # -- configuration --------------------------------------------------------------------------------
