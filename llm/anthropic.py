@@ -532,10 +532,10 @@ class AnthropicModel:
             message = await self._client.messages.create(**params)
         except anthropic.AnthropicError as err:
             raise map_error(err, attempts.maybe_billed) from err
+        except self._auth_errors as err:  # before ValueError: some google-auth errors are ValueErrors too
+            raise self._auth_failure(err, attempts.maybe_billed) from err
         except ValueError as err:  # a 2xx body that is not JSON, or not a Message (JSONDecodeError...)
             raise RetryableModelError(f"the provider's response could not be parsed: {err}", maybe_spent=True) from err
-        except self._auth_errors as err:
-            raise self._auth_failure(err, attempts.maybe_billed) from err
         finally:
             _ATTEMPTS.reset(token)
         response = to_response(message, names, self.model, attempts.request_id)

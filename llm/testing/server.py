@@ -52,7 +52,7 @@ PLATFORM_VERSIONS: dict[Platform, str] = {"bedrock": "bedrock-2023-05-31", "vert
 
 _BEDROCK_PATH = re.compile(r"^/model/(?P<model>[^/]+)/(?P<op>invoke|invoke-with-response-stream)$")
 _VERTEX_PATH = re.compile(
-    r"^/projects/[^/]+/locations/[^/]+/publishers/anthropic/models/(?P<model>[^/:]+):(?P<op>rawPredict|streamRawPredict)$"
+    r"^(?:/v1)?/projects/[^/]+/locations/[^/]+/publishers/anthropic/models/(?P<model>[^/:]+):(?P<op>rawPredict|streamRawPredict)$"
 )
 # Bedrock's exception names by status, sent in `x-amzn-errortype` as Bedrock does.
 _BEDROCK_ERRORS = {
