@@ -79,7 +79,7 @@ VERTEX_REGION_ENV = "CLOUD_ML_REGION"
 VERTEX_PROJECT_ENVS = ("ANTHROPIC_VERTEX_PROJECT_ID", "GOOGLE_CLOUD_PROJECT")
 
 # Where each platform puts its request id: Anthropic `request-id`, Bedrock `x-amzn-requestid`.
-# Vertex sends neither header; its error bodies carry a top-level `request_id` (`req_vrtx_...`).
+# Vertex is not documented to send either; its error bodies carry a top-level `request_id` (`req_vrtx_...`).
 REQUEST_ID_HEADERS = ("request-id", "x-amzn-requestid")
 
 # 424 is Bedrock's ModelErrorException ("the system encountered an unexpected error during processing.

@@ -347,6 +347,15 @@ async def test_bedrock_credentials_from_the_environment(
     assert "Credential=AKIDFROMTHEENVIRON/" in server.requests[0].headers["authorization"]
 
 
+async def test_bedrock_session_token_is_signed_in(server: FakeAnthropicServer, make: Factory) -> None:
+    """Temporary credentials: the session token goes out in x-amz-security-token, inside the signature."""
+    server.enqueue(text_reply("ok"))
+    await make("bedrock", aws_session_token="test-session-token", aws_region="ca-central-1").complete(_request())
+    headers = server.requests[0].headers
+    assert headers["x-amz-security-token"] == "test-session-token"
+    assert "x-amz-security-token" in headers["authorization"]
+
+
 async def test_vertex_without_credentials_fails_before_sending(server: FakeAnthropicServer, make: Factory) -> None:
     """No access_token and no Application Default Credentials: a ModelConfigError, nothing sent."""
     with pytest.raises(ModelConfigError) as caught:
