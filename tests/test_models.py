@@ -85,7 +85,7 @@ def test_json_is_read_too(tmp_path: Path) -> None:
 def test_a_bad_file_names_what_is_wrong(tmp_path: Path, text: str, expect: str) -> None:
     """Unknown provider, unknown fallback, cycles, missing provider fields, a key in the file, bad syntax."""
     path = _file(tmp_path, text)
-    with pytest.raises(ValueError, match="models.toml") as exc:
+    with pytest.raises(ValueError, match=r"models\.toml") as exc:
         load_models_file(path)
     assert expect in str(exc.value)
 
@@ -181,5 +181,6 @@ def test_cli_stops_with_exit_2_naming_the_problem(tmp_path: Path) -> None:
     good = str(_file(tmp_path, TOML))
     proc = run_cli("submit", "hello", "--model", "fats", env=_env(tmp_path, TASKLOOM_MODELS_FILE=good))
     assert proc.returncode == 2 and "--model: 'fats'" in proc.stderr and "fast, local, strong" in proc.stderr
-    proc = run_cli("worker", "critic", "--burst", env=_env(tmp_path, TASKLOOM_MODELS_FILE=good, TASKLOOM_MODEL="strong"))
+    env = _env(tmp_path, TASKLOOM_MODELS_FILE=good, TASKLOOM_MODEL="strong")
+    proc = run_cli("worker", "critic", "--burst", env=env)
     assert proc.returncode == 2 and "TL_TEST_ANTHROPIC_KEY" in proc.stderr, proc.stderr
