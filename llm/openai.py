@@ -561,6 +561,8 @@ class OpenAIModel:
         async with stream:
             async for chunk in stream:
                 chunks.append(chunk.to_dict())
+        if not chunks:  # a 200 whose body held no `data:` chunk (not SSE at all, say)
+            raise ValueError("the streamed reply carried no chunks")
         request_id = stream.response.headers.get("x-request-id")
         return assemble_stream(chunks), request_id
 

@@ -52,7 +52,7 @@ from llm.testing.tokens import count_input_tokens, count_output_tokens, segments
 from llm.types import ModelRequest, ModelResponse, Usage
 
 DEFAULT_MODEL = "gpt-fake-1"
-COMPLETIONS_PATH = "/v1/chat/completions"
+TOOLS_OVERHEAD = 300  # tokens.count_input_tokens adds this when tools are offered
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,8 @@ class FakeOpenAIServer:
             cached = 0
             if self.prompt_caching:
                 hits = [tokens for key, tokens in boundaries if key in self._prefixes]
-                cached = max(hits, default=0)
+                # The tool definitions' fixed overhead sits at the very start of the prompt: in any hit.
+                cached = max(hits, default=0) + (TOOLS_OVERHEAD if hits and prompt.get("tools") else 0)
                 cached = cached if cached >= max(1, self.cache_min_tokens) else 0
                 self._prefixes.update(key for key, _ in boundaries)
             usage = Usage(input_tokens=total - cached, output_tokens=output_tokens, cache_read_tokens=cached)
@@ -327,7 +328,12 @@ def stream_chunks(
     text = reply.content or ""
     chunks += [chunk({"content": text[i : i + 16]}) for i in range(0, len(text), 16)]
     for index, call in enumerate(reply.tool_calls):
-        first: dict[str, Any] = {"index": index, "type": "function", "function": {"name": call.name, "arguments": ""}}
+        start = "" if call.arguments is not None else None  # a null-arguments call streams null
+        first: dict[str, Any] = {
+            "index": index,
+            "type": "function",
+            "function": {"name": call.name, "arguments": start},
+        }
         send_id = bool(call.id) and not omit_ids
         if send_id:
             first["id"] = call.id
