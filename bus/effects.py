@@ -18,7 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
+from .durability import confirmed, script_confirmed
 from .keys import Keys
 from .schemas import utcnow
 
@@ -59,15 +61,24 @@ class SideEffects:
     async def begin(self, goal_id: str, task_id: str, record: EffectRecord) -> EffectRecord | None:
         """Claim this call for `record.attempt`; None when claimed, else the earlier call's record."""
         key = self.keys.side_effects(goal_id, task_id)
-        out = await self._begin(keys=[key], args=[record.key, record.model_dump_json()])
+        # Replicated before the tool runs (`bus.durability`): a start lost in a failover would let a
+        # later attempt run the side effect again.
+        out = await script_confirmed(
+            self.redis, "side effect start", self._begin, [key], [record.key, record.model_dump_json()]
+        )
         return None if not out else EffectRecord.model_validate_json(out)
 
     async def finish(self, goal_id: str, task_id: str, record: EffectRecord) -> None:
         """Store how the call ended (also used for idempotent tools, which never claim)."""
-        await self.redis.hset(  # type: ignore[misc]
-            self.keys.side_effects(goal_id, task_id),
-            mapping={record.key: record.model_dump_json(), f"state:{record.key}": record.state},
-        )
+        key = self.keys.side_effects(goal_id, task_id)
+        mapping = {record.key: record.model_dump_json(), f"state:{record.key}": record.state}
+
+        def queue(pipe: Pipeline) -> None:
+            pipe.hset(key, mapping=mapping)
+
+        reply = await confirmed(self.redis, "side effect outcome", queue)
+        if isinstance(reply, Exception):
+            raise reply
 
     async def history(self, goal_id: str, task_id: str) -> list[EffectRecord]:
         """Every side-effecting call the task's attempts made, oldest first."""

@@ -48,6 +48,7 @@ from redis.exceptions import ResponseError
 
 from llm.types import Usage
 
+from .durability import script_confirmed
 from .events import CorruptRecord, first_error
 from .keys import Keys
 from .prices import PriceTable
@@ -791,9 +792,13 @@ class Ledger:
         self, reservation: Reservation, mode: str, end_trouble: bool, served: tuple[str, str] | None, *usage: int
     ) -> int:
         field, value = (f"served:{served[0]}", served[1]) if served is not None else ("", "")
-        out = await self._close(
-            keys=[self._open_key, self._expiry_key],
-            args=[reservation.entry or reservation.id, mode, int(end_trouble), field, value, *usage],
+        # Replicated (`bus.durability`): a close lost with its reservation would leave spending uncounted.
+        out = await script_confirmed(
+            self.redis,
+            f"ledger {mode}",
+            self._close,
+            [self._open_key, self._expiry_key],
+            [reservation.entry or reservation.id, mode, int(end_trouble), field, value, *usage],
         )
         return int(out)
 

@@ -239,6 +239,7 @@ def health(
     import socket
 
     from bus.connection import EmbeddedRedis, plain_client
+    from bus.connection import close as close_client
 
     from . import health as checks
 
@@ -261,14 +262,18 @@ def health(
         except TimeoutError:
             return checks.Report(redis=False, reasons=[f"cannot reach Redis: no answer within {timeout:g} s"])
         finally:
-            await redis.aclose()
+            await close_client(redis)
 
     report = _arun(go())
     if as_json:
         _print_json(report.as_json())
     elif report.ok:
         live = "; ".join(f"{r}: {sum(b.alive for b in beats)} live" for r, beats in report.roles.items())
-        show(f"ok: Redis answers; {live}")
+        node = report.node
+        where = ""
+        if node is not None:
+            where = f" (master {node.address}{', named by Sentinel' if node.via_sentinel else ''})"
+        show(f"ok: Redis answers{where}; {live}")
     else:  # one line, never wrapped: probes and their logs read it
         show(("unhealthy:", "bold red"), " ", "; ".join(report.reasons), console=err)
     raise typer.Exit(0 if report.ok else EXIT_NOT_FOUND)

@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from bus import fleet
-from bus.connection import RedisClient
+from bus.connection import RedisClient, master_address
 from bus.keys import Keys
 
 log = structlog.get_logger("taskloom.health")
@@ -54,10 +54,59 @@ class WorkerBeat:
 
 
 @dataclass
+class Node:
+    """The Redis server a client talks to: where it is, its role, its memory."""
+
+    address: str  # host:port, or the unix socket
+    role: str  # "master" or "slave" (Redis's words)
+    via_sentinel: bool = False
+    used_memory: int = 0
+    maxmemory: int = 0  # 0: no limit
+    policy: str = ""  # maxmemory-policy
+
+    @property
+    def memory_full(self) -> bool:
+        # Past the limit, under noeviction, every write is refused with OOM (reads still work).
+        return self.maxmemory > 0 and self.used_memory >= self.maxmemory
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "address": self.address,
+            "role": self.role,
+            "via_sentinel": self.via_sentinel,
+            "used_memory": self.used_memory,
+            "maxmemory": self.maxmemory,
+            "maxmemory_policy": self.policy,
+            "memory_full": self.memory_full,
+        }
+
+
+async def node_of(redis: RedisClient) -> Node:
+    """The server `redis` talks to (for a Sentinel-managed client: the master the Sentinels name)."""
+    replication = await redis.info("replication")
+    memory = await redis.info("memory")
+    sentinel = master_address(redis)
+    if sentinel is not None:
+        address = f"{sentinel[0]}:{sentinel[1]}"
+    else:
+        kw = redis.connection_pool.connection_kwargs
+        address = str(kw["path"]) if "path" in kw else f"{kw.get('host', '?')}:{kw.get('port', '?')}"
+    return Node(
+        address=address,
+        role=str(replication.get("role", "?")),
+        via_sentinel=sentinel is not None,
+        used_memory=int(memory.get("used_memory", 0)),
+        maxmemory=int(memory.get("maxmemory", 0)),
+        policy=str(memory.get("maxmemory_policy", "")),
+    )
+
+
+@dataclass
 class Report:
     redis: bool
     roles: dict[str, list[WorkerBeat]] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
+    node: Node | None = None
 
     @property
     def ok(self) -> bool:
@@ -68,6 +117,7 @@ class Report:
             "ok": self.ok,
             "redis": self.redis,
             "reasons": self.reasons,
+            "master": None if self.node is None else self.node.as_json(),
             "roles": {
                 role: {
                     "live": [b.instance for b in beats if b.alive],
@@ -87,6 +137,21 @@ async def check(redis: RedisClient, keys: Keys, roles: Sequence[str], host: str 
     except Exception as exc:
         return Report(redis=False, reasons=[f"cannot reach Redis: {exc}"])
     report = Report(redis=True)
+    try:
+        report.node = await node_of(redis)
+    except Exception as exc:  # a server without INFO (a proxy that hides it): not a reason to fail
+        log.info("health.no_info", error=repr(exc))
+    node = report.node
+    if node is not None and node.role != "master":
+        report.reasons.append(
+            f"Redis at {node.address} is a read-only replica (role {node.role}): point TASKLOOM_REDIS_URL at the "
+            "master, or at the Sentinels with redis+sentinel://"
+        )
+    if node is not None and node.memory_full:
+        report.reasons.append(
+            f"Redis memory is full ({node.used_memory} of {node.maxmemory} bytes, policy {node.policy}): writes are "
+            "refused and workers wait; raise maxmemory or free memory (docs/operations.md)"
+        )
     now = fleet.now_ms()
     for role in roles:
         beats = [WorkerBeat(m, (expiry - now) / 1000) for m, expiry in await fleet.heartbeats(redis, keys, role)]

