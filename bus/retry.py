@@ -84,12 +84,46 @@ def on_model_error(
     return RetryLater(min(delay, max(left, 0.1)))
 
 
+def redis_trouble(exc: BaseException) -> str | None:
+    """What kind of Redis trouble `exc` is, or None when it is none: "memory_full" (maxmemory reached
+    under noeviction: writes refused with OOM until memory is freed), "read_only" (a replica or a
+    demoted master), "unreachable" (away, restarting, failing over, loading its AOF, or a write no
+    replica confirmed, `bus.durability.NotReplicated`). A job meeting any of them must simply run again.
+
+    redis-py strips the code of the errors it maps to a class (OOM, READONLY), hence the classes; an
+    error raised inside a Lua script may arrive wrapped, hence the text.
+    """
+    text = str(exc)
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command not allowed" in text:
+        return "memory_full"
+    if isinstance(exc, redis.exceptions.ReadOnlyError) or "READONLY You can't write" in text:
+        return "read_only"
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | OSError):
+        return "unreachable"
+    if isinstance(exc, redis.exceptions.ResponseError) and text.startswith(("MASTERDOWN", "TRYAGAIN", "NOREPLICAS")):
+        return "unreachable"
+    return None
+
+
 def is_redis_trouble(exc: BaseException) -> bool:
-    """Redis is away (restarting, failing over, loading its AOF): the job must simply run again."""
-    return isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError | OSError) or (
-        isinstance(exc, redis.exceptions.ResponseError)
-        and str(exc).startswith(("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN"))
-    )
+    """Redis is away or refuses writes for now (`redis_trouble`): the job must simply run again."""
+    return redis_trouble(exc) is not None
+
+
+@dataclass
+class Episode:
+    """Tells the first occurrence of a trouble from its repeats, so that an outage is logged once
+    when it begins, not once per job: an occurrence after `quiet` seconds without one starts a new
+    episode."""
+
+    quiet: float = 30.0
+    last: float | None = None
+
+    def seen(self, now: float) -> bool:
+        """Note an occurrence at `now` (monotonic seconds); True if it starts an episode."""
+        new = self.last is None or now - self.last > self.quiet
+        self.last = now
+        return new
 
 
 def on_other_error(exc: BaseException, tries: int, policy: RetryPolicy, rng: random.Random | None = None) -> Decision:

@@ -118,15 +118,21 @@ class WakeableWorker(Worker):
                 self._woken.clear()  # before polling: a wake-up arriving during the poll is kept
                 try:
                     await self._poll_iteration()
+                    if failures:
+                        log.warning("worker.poll_recovered", failures=failures)
                     failures = 0
                     wait = self.poll_delay_s
                 except Exception as exc:
                     # arq's own loop ends the worker on the first Redis error (a restart, a
-                    # failover). Keep running instead: redis-py reconnects on the next command, and
-                    # the wait grows so that a long outage costs a few commands a second, not a core.
+                    # failover, memory full: OOM refuses arq's in-progress key). Keep running
+                    # instead: redis-py reconnects on the next command, and the wait grows so that
+                    # a long outage costs a few commands a second, not a core. Logged as a warning
+                    # once per episode (its first failure, and its end), the repeats as info.
                     failures += 1
                     wait = reconnect_delay(failures)
-                    log.warning("worker.poll_failed", error=repr(exc), retry_in=round(wait, 3), failures=failures)
+                    (log.warning if failures == 1 else log.info)(
+                        "worker.poll_failed", error=repr(exc), retry_in=round(wait, 3), failures=failures
+                    )
                 # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives
                 # as the event is set, and the worker would then never stop.
                 with contextlib.suppress(TimeoutError):

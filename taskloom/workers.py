@@ -49,6 +49,7 @@ from bus.observe import Observer, install, observe
 from bus.prices import PriceTable
 from bus.ratelimit import RateLimiter
 from bus.retry import (
+    Episode,
     GiveUp,
     RetryPolicy,
     TroubleClock,
@@ -57,6 +58,7 @@ from bus.retry import (
     is_redis_trouble,
     on_model_error,
     on_other_error,
+    redis_trouble,
 )
 from bus.runtime import Limits, Runtime
 from bus.schemas import Event, GoalState
@@ -268,6 +270,15 @@ async def _fail_corrupted(rt: Runtime, payload: JobPayload, exc: CorruptRecord) 
         await rt.store.transition_goal(goal_id, GoalState.FAILED, reason=reason)
 
 
+# Per process: one `redis.trouble` line per kind and episode (bus.retry.Episode).
+_REDIS_EPISODES: dict[str, Episode] = {}
+_HINTS = {
+    "memory_full": "Redis reached maxmemory and refuses writes: jobs wait and retry; raise maxmemory or free "
+    "memory (docs/operations.md, 'Memory')",
+    "read_only": "Redis refuses writes as a replica: point TASKLOOM_REDIS_URL at the master or use redis+sentinel://",
+}
+
+
 async def _after_failure(rt: Runtime, role: str, name: str, payload: JobPayload, exc: Exception, tries: int) -> None:
     """Decide (bus.retry) and apply: raise arq's `Retry` to run this same job again later, or fail
     the goal with a reason naming the error (returns normally: the job is over, visibly)."""
@@ -281,6 +292,10 @@ async def _after_failure(rt: Runtime, role: str, name: str, payload: JobPayload,
         detail = describe(exc)
     else:
         cause = "redis" if is_redis_trouble(exc) else "internal"
+        trouble = redis_trouble(exc)
+        if trouble is not None and _REDIS_EPISODES.setdefault(trouble, Episode()).seen(time.monotonic()):
+            # Once per episode (every job of the fleet meets it): what it is, and what to do.
+            log.error("redis.trouble", kind=trouble, error=f"{type(exc).__name__}: {exc}", hint=_HINTS.get(trouble, ""))
         if cause == "internal":
             tries = await count_job_error(rt.redis, rt.keys, rt.jobs.job_id(payload))
         decision = on_other_error(exc, tries, policy)
@@ -293,7 +308,10 @@ async def _after_failure(rt: Runtime, role: str, name: str, payload: JobPayload,
         except (IllegalTransition, NotFound) as moved:
             log.info("job.gave_up_goal_moved_on", error=str(moved))  # it ended another way meanwhile
         return
-    log.warning("job.retry", function=name, cause=cause, delay=round(decision.delay, 3), error=detail)
+    # Redis trouble is logged once per episode (above); each job's retry then is only detail.
+    (log.info if cause == "redis" else log.warning)(
+        "job.retry", function=name, cause=cause, delay=round(decision.delay, 3), error=detail
+    )
     observe(lambda o: o.job_retry(role, name, cause))
     if cause == "provider":
         with contextlib.suppress(Exception):  # the event is for people; the retry matters more

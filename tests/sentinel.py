@@ -4,7 +4,7 @@ Each is a `redis-server` process (the Sentinels are `redis-server CONF --sentine
 with its files in a temporary directory; `stop()` (or leaving the `with` block) kills every process
 it started and reaps it. Used as:
 
-    with SentinelCluster(tmp_path) as cluster:
+    with SentinelCluster(tmp_path) as cluster:   # replicas=0, sentinels=0: one plain server
         url = cluster.url              # redis+sentinel://127.0.0.1:p1,.../mymaster/0
         old, new = cluster.failover()  # SENTINEL FAILOVER, returns once a Sentinel names the new master
 
@@ -59,6 +59,11 @@ class SentinelCluster:
         hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
         return f"redis+sentinel://{hosts}/{MASTER}/0"
 
+    @property
+    def primary_url(self) -> str:
+        """The first primary's own address (what a client without Sentinel would be given)."""
+        return f"redis://127.0.0.1:{self.data_ports[0]}/0"
+
     def client(self, port: int) -> redis_lib.Redis:
         return redis_lib.Redis(host="127.0.0.1", port=port, socket_timeout=2, socket_connect_timeout=2)
 
@@ -108,7 +113,8 @@ class SentinelCluster:
                 f"sentinel parallel-syncs {MASTER} 1",
             ]
             self._spawn(port, lines, sentinel=True)
-        self._wait(self._ready, timeout, "the Sentinels to see the primary, its replicas and each other")
+        if self.sentinel_ports:
+            self._wait(self._ready, timeout, "the Sentinels to see the primary, its replicas and each other")
         return self
 
     def stop(self) -> None:
@@ -180,6 +186,8 @@ class SentinelCluster:
         )
 
     def _synced(self) -> bool:
+        with self.client(self.data_ports[0]) as c:
+            c.ping()
         for port in self.data_ports[1:]:
             with self.client(port) as c:
                 if c.info("replication").get("master_link_status") != "up":
