@@ -702,9 +702,14 @@ class Ledger:
         price_in, price_out = self.prices.per_mtok_micro(model, estimated_input)
         # The model is a line of the reservation's record and part of field names: no whitespace.
         model_tag = "-" if model is None else re.sub(r"\s", "_", model)[:200] or "-"
-        out = await self._reserve(
-            keys=[self.keys.ledger(goal_id), self._open_key, self._expiry_key],
-            args=[
+        # Replicated (`bus.durability`) before the call is made: a reservation lost in a failover
+        # would make its settle find nothing to close, and the call's spending would go uncounted.
+        out = await script_confirmed(
+            self.redis,
+            "ledger reserve",
+            self._reserve,
+            [self.keys.ledger(goal_id), self._open_key, self._expiry_key],
+            [
                 rid,
                 estimated_input,
                 max_tokens,

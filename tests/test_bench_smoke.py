@@ -31,6 +31,7 @@ from planner.prompts import SYSTEM as PLANNER_SYSTEM
         "recovery",
         "tools",
         "testing_kit",
+        "replicawait",
     ],
 )
 def test_bench_modules_import(name: str) -> None:

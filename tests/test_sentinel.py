@@ -18,7 +18,9 @@ from bus import durability
 from bus.connection import RedisUrlError, SentinelUrl, connect, master_address, parse_sentinel_url
 from bus.effects import EffectRecord, SideEffects
 from bus.keys import Keys
+from bus.ledger import Ledger
 from bus.retry import is_redis_trouble
+from llm.types import Usage
 from taskloom.settings import SettingsError, load_settings
 
 
@@ -149,8 +151,9 @@ def test_health_says_when_the_url_points_at_a_replica(cluster: SentinelCluster, 
 
 
 async def test_guarded_writes_wait_for_replicas_and_fail_as_redis_trouble(redis: ArqRedis, keys: Keys) -> None:
-    """With TASKLOOM_REDIS_WAIT_REPLICAS=1 on a Redis without a replica, a side effect's start is
-    not confirmed: NotReplicated, which the job layer treats as Redis trouble (re-run later)."""
+    """With TASKLOOM_REDIS_WAIT_REPLICAS=1 on a Redis without a replica, no guarded write (side
+    effect start and outcome, ledger reserve and settle) is confirmed: NotReplicated, which the job
+    layer treats as Redis trouble (re-run later)."""
     effects = SideEffects(redis, keys)
     record = EffectRecord(key="charge:1", tool="charge", attempt=1, call_id="c1")
     assert await effects.begin("g", "t", record) is None  # no policy: no WAIT
@@ -161,6 +164,15 @@ async def test_guarded_writes_wait_for_replicas_and_fail_as_redis_trouble(redis:
         assert is_redis_trouble(caught.value)
         with pytest.raises(durability.NotReplicated, match="side effect outcome"):
             await effects.finish("g", "t", record.model_copy(update={"state": "ok"}))
+        ledger = Ledger(redis, keys)
+        await ledger.open("g", 10_000)
+        with pytest.raises(durability.NotReplicated, match="ledger reserve"):
+            await ledger.reserve("g", 100, 300)
+        durability.require(redis, durability.OFF)
+        reservation = await ledger.reserve("g", 100, 300)
+        durability.require(redis, durability.ReplicaWait(replicas=1, timeout=0.05))
+        with pytest.raises(durability.NotReplicated, match="ledger settle"):
+            await ledger.settle(reservation, Usage(input_tokens=100, output_tokens=50))
     finally:
         durability.require(redis, durability.OFF)
 
