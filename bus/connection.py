@@ -381,6 +381,40 @@ def _alive(pid: int) -> bool:
         return False
 
 
+class _DropOnReadOnly:
+    """A connection that closes itself when the server answers READONLY: the server it reached was
+    demoted (a managed service's failover keeps the endpoint's name and moves it to the new
+    primary), so the next command reconnects and resolves the name again instead of meeting the
+    old primary forever. The error is still raised: the command did not run."""
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except redis.exceptions.ReadOnlyError:
+            await self.disconnect()  # type: ignore[attr-defined]
+            raise
+
+
+class FollowingConnection(_DropOnReadOnly, redis.asyncio.Connection):
+    pass
+
+
+class FollowingSSLConnection(_DropOnReadOnly, redis.asyncio.SSLConnection):
+    pass
+
+
+async def _follow_promotions(client: redis.asyncio.Redis) -> None:
+    """Make a plain TCP pool's connections `_DropOnReadOnly` (arq's `create_pool` cannot be given a
+    connection class); the connection its ping opened is closed and forgotten, so none of the old
+    kind is left."""
+    pool = client.connection_pool
+    following = {redis.asyncio.Connection: FollowingConnection, redis.asyncio.SSLConnection: FollowingSSLConnection}
+    if pool.connection_class in following:
+        pool.connection_class = following[pool.connection_class]
+        await pool.disconnect()
+        pool.reset()  # type: ignore[no-untyped-call]  # forget the closed connections of the old class
+
+
 def redis_settings(url: str) -> RedisSettings:
     settings = RedisSettings.from_dsn(url)
     settings.conn_retries = 2
@@ -460,7 +494,11 @@ async def connect(
             raise
     assert url is not None
     try:
-        pool = await (sentinel_pool(url) if is_sentinel_url(url) else create_pool(redis_settings(url)))
+        if is_sentinel_url(url):
+            pool = await sentinel_pool(url)
+        else:
+            pool = await create_pool(redis_settings(url))
+            await _follow_promotions(pool)
         if replica_wait is not None:
             durability.require(pool, replica_wait)
         watch = asyncio.create_task(follow_master(pool)) if is_sentinel_url(url) else None

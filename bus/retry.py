@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 
 from llm.errors import ModelError
 
+from .durability import NotReplicated
 from .keys import Keys
 
 
@@ -87,13 +88,16 @@ def on_model_error(
 def redis_trouble(exc: BaseException) -> str | None:
     """What kind of Redis trouble `exc` is, or None when it is none: "memory_full" (maxmemory reached
     under noeviction: writes refused with OOM until memory is freed), "read_only" (a replica or a
-    demoted master), "unreachable" (away, restarting, failing over, loading its AOF, or a write no
-    replica confirmed, `bus.durability.NotReplicated`). A job meeting any of them must simply run again.
+    demoted master), "not_replicated" (a guarded write no replica confirmed in time,
+    `bus.durability.NotReplicated`), "unreachable" (away, restarting, failing over, loading its
+    AOF). A job meeting any of them must simply run again.
 
     redis-py strips the code of the errors it maps to a class (OOM, READONLY), hence the classes; an
     error raised inside a Lua script may arrive wrapped, hence the text.
     """
     text = str(exc)
+    if isinstance(exc, NotReplicated):
+        return "not_replicated"
     if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command not allowed" in text:
         return "memory_full"
     if isinstance(exc, redis.exceptions.ReadOnlyError) or "READONLY You can't write" in text:

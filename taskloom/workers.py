@@ -276,6 +276,8 @@ _HINTS = {
     "memory_full": "Redis reached maxmemory and refuses writes: jobs wait and retry; raise maxmemory or free "
     "memory (docs/operations.md, 'Memory')",
     "read_only": "Redis refuses writes as a replica: point TASKLOOM_REDIS_URL at the master or use redis+sentinel://",
+    "not_replicated": "no replica acknowledged a guarded write (TASKLOOM_REDIS_WAIT_REPLICAS): a replica is down or "
+    "resyncing after a failover; jobs wait until enough replicas are back",
 }
 
 

@@ -171,6 +171,18 @@ class SentinelCluster:
         proc.kill()
         proc.wait(timeout=10)
 
+    def restart(self, port: int) -> None:
+        """Start the server on `port` again from its config and AOF (a killed master comes back as
+        a master with stale data until Sentinel turns it into a replica)."""
+        conf = self._dir(port) / "redis.conf"
+        self.procs[port] = subprocess.Popen(
+            [self.binary, str(conf)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
     # -- internals ----------------------------------------------------------------------------------
     def _dir(self, port: int) -> Path:
         path = self.root / str(port)

@@ -40,7 +40,7 @@ DEMO_GOAL = "Can orders A100 and A101 be refunded? Today is 2026-10-13."
         (redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"), "unreachable"),
         (redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write."), "unreachable"),
         (redis.exceptions.ResponseError("MASTERDOWN Link with MASTER is down"), "unreachable"),
-        (NotReplicated("ledger settle", 0, 1, 0.5), "unreachable"),
+        (NotReplicated("ledger settle", 0, 1, 0.5), "not_replicated"),
         (redis.exceptions.ResponseError("WRONGTYPE Operation against a key holding the wrong kind"), None),
         (ValueError("a bug"), None),
     ],
