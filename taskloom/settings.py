@@ -117,6 +117,10 @@ class Settings(Limits, BaseSettings):
     model_timeout: float = Field(default=60, gt=0, description="seconds per model HTTP request")
     # Agent loop bounds (max_steps, task_timeout, lease_ttl, ...): the fields of bus.runtime.Limits.
 
+    # Every key of a goal that ended longer ago than this is deleted by the planners (bus.retention);
+    # 0 keeps every goal for good. Longer than a reservation's life, so no late settle recreates books.
+    retention: float = Field(default=7 * 24 * 3600, ge=0, description="seconds an ended goal is kept (0 = forever)")
+
     # Token-budget ledger (bus.ledger). A reservation lives as long as a job may run, so that a live
     # call is never forfeited; a dead worker's reservation is counted as spent after this long.
     ledger_min_reservation: int = Field(default=256, ge=1, description="fewest output tokens worth a call")
@@ -230,6 +234,15 @@ class Settings(Limits, BaseSettings):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _retention_outlives_reservations(self) -> Settings:
+        if 0 < self.retention <= self.ledger_reservation_ttl:
+            raise ValueError(
+                f"{ENV_PREFIX}RETENTION ({self.retention:g} s) must exceed {ENV_PREFIX}LEDGER_RESERVATION_TTL "
+                f"({self.ledger_reservation_ttl:g} s), or be 0 to keep ended goals for good"
+            )
+        return self
+
     def catalog(self) -> ModelCatalog:
         """The models this deployment knows (the models file's aliases, demo, claude-... ids)."""
         return ModelCatalog(load_models_file(self.models_file) if self.models_file is not None else None)
@@ -268,7 +281,7 @@ class Settings(Limits, BaseSettings):
 
     @field_validator(
         "poll_delay", "job_timeout", "shutdown_grace", "reconcile_after", "task_timeout", "model_timeout",
-        "redis_wait_timeout",
+        "redis_wait_timeout", "retention",
     )
     @classmethod
     def _finite(cls, v: float) -> float:

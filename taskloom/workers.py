@@ -48,6 +48,7 @@ from bus.metered import Degrade, ModelFactory
 from bus.observe import Observer, install, observe
 from bus.prices import PriceTable
 from bus.ratelimit import RateLimiter
+from bus.retention import purge_ended as retention_sweep
 from bus.retry import (
     Episode,
     GiveUp,
@@ -270,6 +271,8 @@ async def _fail_corrupted(rt: Runtime, payload: JobPayload, exc: CorruptRecord) 
         await rt.store.transition_goal(goal_id, GoalState.FAILED, reason=reason)
 
 
+RETENTION_EVERY = 60.0  # seconds between retention sweeps of one planner process
+
 # Per process: one `redis.trouble` line per kind and episode (bus.retry.Episode).
 _REDIS_EPISODES: dict[str, Episode] = {}
 _HINTS = {
@@ -428,6 +431,18 @@ async def _supervise_forever(runtime: Runtime, settings: Settings) -> None:
         await asyncio.sleep(max(0.5, min(settings.reconcile_after / 4, 5.0)))
 
 
+async def _retain_forever(runtime: Runtime, retention: float) -> None:
+    """Every planner worker deletes the goals that ended longer ago than `retention` (bus.retention)."""
+    while True:
+        try:
+            n = await retention_sweep(runtime.redis, runtime.keys, retention, time.time())
+            if n:
+                log.info("retention.purged", goals=n)
+        except Exception as exc:
+            log.warning("retention.failed", error=repr(exc))  # Redis away: the next pass retries
+        await asyncio.sleep(RETENTION_EVERY)
+
+
 async def _recover_forever(runtime: Runtime) -> None:
     """Every executor watches for attempts whose executor died and re-enqueues them."""
     while True:
@@ -560,6 +575,8 @@ def _background(
     side: list[asyncio.Task[Any]] = []
     if not burst and "planner" in roles:
         side.append(asyncio.create_task(_supervise_forever(runtime, settings)))
+        if settings.retention > 0:
+            side.append(asyncio.create_task(_retain_forever(runtime, settings.retention)))
     if not burst and "executor" in roles:
         side.append(asyncio.create_task(_recover_forever(runtime)))
     if not burst:
