@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 
 from llm.types import Message, ModelResponse, Usage
 
-from .batch import ScriptCall
+from .batch import ScriptCall, run_scripts
 from .events import encode
 from .keys import Keys
 from .schemas import Event, TaskResult
@@ -228,15 +228,18 @@ class AttemptStore:
 
     async def acquire(self, holder: str, ttl: float) -> bool:
         """Take the lease (a new epoch) unless another live holder has it."""
-        call = self.acquire_call(holder, ttl)
-        return self.acquired(await call.script(keys=call.keys, args=call.args))
+        (reply,) = await run_scripts(self.redis, [self.acquire_call(holder, ttl)])
+        return self.acquired(reply)
 
     def acquire_call(self, holder: str, ttl: float) -> ScriptCall:
         """`acquire`, to send with other calls (`bus.batch`); its reply goes to `acquired`."""
+        # Guarded (`bus.durability`): a lease taken on a master that a failover then loses would let
+        # another executor take the same epoch number on the new master, and both would write.
         return ScriptCall(
             self._acquire,
             [self.lease_key, self.keys.leases(), self.results_key],
             [holder, int(ttl * 1000), now_ms(), self.member, self.result_field],
+            guarded="attempt lease",
         )
 
     def acquired(self, out: Any) -> bool:

@@ -22,14 +22,19 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from . import durability
+
 
 @dataclass(frozen=True)
 class ScriptCall:
-    """One call of a registered script: its keys and arguments."""
+    """One call of a registered script: its keys and arguments. `guarded`: what the write is, when a
+    failover must not lose it (`bus.durability`): with a replica policy, `WAIT` follows the calls in
+    the same round trip, and `NotReplicated` is raised when too few replicas acknowledged it."""
 
     script: AsyncScript
     keys: Sequence[str]
     args: Sequence[str | int | float | bytes]
+    guarded: str = ""
 
 
 async def run_scripts(redis: Redis, calls: Sequence[ScriptCall], *, extra: Sequence[Sequence[Any]] = ()) -> list[Any]:
@@ -39,17 +44,25 @@ async def run_scripts(redis: Redis, calls: Sequence[ScriptCall], *, extra: Seque
     their replies are not returned, an error of theirs is raised."""
     if not calls and not extra:
         return []
-    replies = await _send(redis, calls, extra)
+    policy = durability.policy_of(redis)
+    wait = [("WAIT", policy.replicas, policy.timeout_ms)] if policy.replicas and any(c.guarded for c in calls) else []
+    replies = await _send(redis, calls, [*extra, *wait])
+    acked = replies[-1] if wait else None
     lost = [i for i, r in enumerate(replies[: len(calls)]) if isinstance(r, NoScriptError)]
     if lost:
         for script in {id(calls[i].script): calls[i].script for i in lost}.values():
             script.sha = await redis.script_load(script.script)
-        again = await _send(redis, [calls[i] for i in lost], ())
-        for i, reply in zip(lost, again, strict=True):
+        again = await _send(redis, [calls[i] for i in lost], wait)
+        for i, reply in zip(lost, again[: len(lost)], strict=True):
             replies[i] = reply
+        if wait:
+            acked = again[-1]  # this round trip carried the last guarded write
     for reply in replies[len(calls) :]:
         if isinstance(reply, BaseException):
             raise reply
+    if wait and isinstance(acked, int) and acked < policy.replicas:
+        what = ", ".join(sorted({c.guarded for c in calls if c.guarded}))
+        raise durability.NotReplicated(what, acked, policy.replicas, policy.timeout)
     return replies[: len(calls)]
 
 

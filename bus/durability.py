@@ -2,10 +2,11 @@
 
 Replication is asynchronous: a failover may lose the last writes the old master acknowledged. For
 most of taskloom's writes a loss is repaired by re-running an idempotent job (docs/internals.md,
-"What a failover may lose"); for a few it is not: the record that a side effect is about to start
-(lost, a later attempt would run the side effect again), its outcome, and a ledger close (lost
-together with its reservation, the goal's spending would go uncounted). Those writes go through
-`confirmed`, which sends the write and `WAIT <replicas> <timeout>` in one pipeline, on one
+"Failover: what a lost write costs"); for a few it is not: the record that a side effect is about
+to start (lost, a later attempt would run the side effect again), its outcome, a ledger reservation
+and close (lost, the goal's spending would go uncounted), and an attempt's lease (lost, two
+executors could hold the same epoch). Those writes go through `confirmed` (or a guarded
+`bus.batch.ScriptCall`), which sends the write and `WAIT <replicas> <timeout>` in one pipeline, on one
 connection (`WAIT` counts the writes of the connection that sends it), and raises `NotReplicated`
 when fewer replicas acknowledged in time. `NotReplicated` is a lost connection to the job layer
 (`bus.retry.is_redis_trouble`): the job re-runs later, and the record's state decides what the

@@ -15,6 +15,7 @@ from helpers import run_cli
 from sentinel import SentinelCluster
 
 from bus import durability
+from bus.attempts import AttemptStore
 from bus.connection import RedisUrlError, SentinelUrl, connect, master_address, parse_sentinel_url
 from bus.effects import EffectRecord, SideEffects
 from bus.keys import Keys
@@ -152,8 +153,8 @@ def test_health_says_when_the_url_points_at_a_replica(cluster: SentinelCluster, 
 
 async def test_guarded_writes_wait_for_replicas_and_fail_as_redis_trouble(redis: ArqRedis, keys: Keys) -> None:
     """With TASKLOOM_REDIS_WAIT_REPLICAS=1 on a Redis without a replica, no guarded write (side
-    effect start and outcome, ledger reserve and settle) is confirmed: NotReplicated, which the job
-    layer treats as Redis trouble (re-run later)."""
+    effect start and outcome, ledger reserve and settle, attempt lease) is confirmed: NotReplicated,
+    which the job layer treats as Redis trouble (re-run later)."""
     effects = SideEffects(redis, keys)
     record = EffectRecord(key="charge:1", tool="charge", attempt=1, call_id="c1")
     assert await effects.begin("g", "t", record) is None  # no policy: no WAIT
@@ -173,6 +174,8 @@ async def test_guarded_writes_wait_for_replicas_and_fail_as_redis_trouble(redis:
         durability.require(redis, durability.ReplicaWait(replicas=1, timeout=0.05))
         with pytest.raises(durability.NotReplicated, match="ledger settle"):
             await ledger.settle(reservation, Usage(input_tokens=100, output_tokens=50))
+        with pytest.raises(durability.NotReplicated, match="attempt lease"):
+            await AttemptStore(redis, keys, "g", "t", 1).acquire("holder-a", 10)
     finally:
         durability.require(redis, durability.OFF)
 
@@ -187,6 +190,8 @@ async def test_guarded_writes_pass_once_the_replica_holds_them(cluster: Sentinel
         replica = cluster.data_ports[1]
         assert cluster.client(replica).hget(keys.side_effects("g", "t"), "state:charge:1") == b"started"
         # Two replicas asked of a deployment with one: refused, as a failover could lose the write.
+        assert await AttemptStore(redis, keys, "g", "t", 1).acquire("holder-a", 10)
+        assert cluster.client(replica).hget(keys.attempt_lease("g", "t", 1), "holder") == b"holder-a"
         durability.require(redis, durability.ReplicaWait(replicas=2, timeout=0.1))
         with pytest.raises(durability.NotReplicated, match="1 of 2 replicas"):
             await effects.begin("g", "t3", record)
