@@ -184,3 +184,25 @@ def test_cli_stops_with_exit_2_naming_the_problem(tmp_path: Path) -> None:
     env = _env(tmp_path, TASKLOOM_MODELS_FILE=good, TASKLOOM_MODEL="strong")
     proc = run_cli("worker", "critic", "--burst", env=env)
     assert proc.returncode == 2 and "TL_TEST_ANTHROPIC_KEY" in proc.stderr, proc.stderr
+
+
+def test_demo_runs_on_a_configured_model(tmp_path: Path) -> None:
+    """`taskloom demo --model ALIAS` runs the same goal on the alias (here the fake Chat Completions server
+    answering with the demo model's rules); with no --model it stays on the offline demo model."""
+    from llm.demo import DemoModel
+    from llm.testing import FakeOpenAIServer, openai_responder_from_model
+
+    with FakeOpenAIServer() as oa:
+        oa.respond_with(openai_responder_from_model(DemoModel(latency=0)))
+        models = _file(
+            tmp_path,
+            f'[models.oa]\nprovider = "openai"\nmodel = "gpt-test"\nbase_url = "{oa.base_url}"\n'
+            'api_key_env = "TL_TEST_OA_KEY"\n',
+        )
+        env = _env(tmp_path, TASKLOOM_MODELS_FILE=str(models), TL_TEST_OA_KEY="sk-test", TASKLOOM_MODEL="oa")
+        proc = run_cli("demo", "--model", "oa", "--json", env=env, timeout=120)
+        served = len(oa.requests)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert served > 5 and json.loads(proc.stdout.splitlines()[-1])["state"] == "succeeded"
+    bad = run_cli("demo", "--model", "nope", env=env)
+    assert bad.returncode == 2 and "--model" in bad.stderr
