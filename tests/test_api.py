@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx2
 import pytest
-import uvicorn
 from arq.connections import ArqRedis
 from helpers import TASKLOOM, eventually, run_cli
 from openapi_spec_validator import validate
@@ -34,7 +33,7 @@ from bus.schemas import Event, Goal, GoalRecord, GoalState, Plan, TaskSpec
 from taskloom.api.app import ApiConfig, create_app
 from taskloom.api.auth import TokenBook, TokenConfigError, entry_for, load_tokens, parse_tokens
 from taskloom.api.openapi import document
-from taskloom.api.server import bind
+from taskloom.api.server import ApiServer, bind
 
 DOCS = Path(__file__).parent.parent / "docs"
 TOKENS = {
@@ -63,9 +62,7 @@ async def serving(client: Client, config: ApiConfig) -> AsyncIterator[str]:
         yield client
 
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(shared, config), log_config=None, access_log=False, timeout_graceful_shutdown=1)
-    )
+    server = ApiServer(create_app(shared, config))  # as `taskloom api` runs it
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         await eventually(lambda: _true(server.started), timeout=20)
@@ -142,7 +139,9 @@ async def test_bad_input_gets_a_named_4xx_and_stores_nothing(api: Api, redis: Ar
             422,
             "budget_tokens",
         ),
-        ({"content": b"text=x", "headers": {"content-type": "application/x-www-form-urlencoded"}}, 422, None),
+        ({"content": b"text=x", "headers": {"content-type": "application/x-www-form-urlencoded"}}, 415, "Content-Type"),
+        ({"json": {"text": "x", "budget_tokens": True}}, 422, "budget_tokens"),
+        ({"json": {"text": "x", "budget_tokens": "5000"}}, 422, "budget_tokens"),
         ({"json": {"text": "x", "metadata": {"k": 1}}}, 422, "metadata.k"),
         ({"json": {"text": "x", "review": "sometimes"}}, 422, "review"),
         ({"json": {"text": "x", "check": {"pattern": "("}}}, 422, "check.pattern"),
