@@ -558,7 +558,7 @@ def create_app(
         else:
             ended = GoalState.CANCELLED.value
         if not changed:
-            # One rule, as `taskloom cancel`'s exit code 3: whoever cancelled first got the 200.
+            # One rule for every ended goal, cancelled included: whoever cancelled first got the 200.
             raise ApiError(409, "conflict", f"goal {goal_id} already ended ({ended}); nothing to cancel")
         log.info("api.cancelled", goal_id=goal_id, by=who.name)
         return m.Cancelled(goal_id=goal_id, changed=True)
@@ -710,13 +710,13 @@ def create_app(
     async def readyz() -> Response:
         """Redis answers (readiness), and with TASKLOOM_API_READY_REQUIRES_WORKERS every role has a live
         worker: 503 otherwise."""
+        reasons: list[str] = []
         try:
             await asyncio.wait_for(client().redis.ping(), 2)
-            reasons = []
             if config.ready_requires_workers:
                 fleet = await asyncio.wait_for(_fleet(client()), 2)
                 reasons = [f"no live {r.role} worker" for r in fleet.roles if not r.live_workers]
-        except Exception as exc:
+        except Exception as exc:  # a probe answers; it never raises
             reasons = [f"cannot reach Redis: {exc!r}"]
         if reasons:
             return JSONResponse(m.Health(ok=False, reasons=reasons).model_dump(), status_code=503)

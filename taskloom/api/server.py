@@ -31,7 +31,7 @@ GRACEFUL_S = 5
 
 class JsonErrorsH11(H11Protocol):
     """uvicorn's HTTP/1.1 protocol, except that a request it cannot parse (`Content-Length: abc`, a
-    malformed header line, headers over 16 KiB) is answered in the API's JSON error shape, not in
+    malformed request or header line) is answered in the API's JSON error shape, not in
     plain text. It is called while uvicorn handles h11's error, whose message names the problem."""
 
     def send_400_response(self, msg: str) -> None:
