@@ -906,3 +906,27 @@ def test_sigterm_ends_open_event_streams_with_a_shutdown_frame_and_exits_within_
         last = _frames(got)[-1]
         assert last == {"retry": "1000", "event": "shutdown", "data": '{"reconnect": true}'}, (path, got)
     assert not [line for line in output.splitlines() if '"level": "error"' in line or "Traceback" in line], output
+
+
+def test_api_settings_reach_the_server(subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    """`taskloom api` honours TASKLOOM_API_READY_REQUIRES_WORKERS (503, no workers) and TASKLOOM_API_BODY_TIMEOUT."""
+    env = {
+        **subprocess_env,
+        "TASKLOOM_API_TOKENS": entry_for("ci", ["admin"], "ci-token"),
+        "TASKLOOM_API_READY_REQUIRES_WORKERS": "true",
+        "TASKLOOM_API_BODY_TIMEOUT": "0.5",
+    }
+    proc, lines = _start_api(env, tmp_path / "api.log")
+    try:
+        base = lines["console"].rstrip("/")
+        with httpx2.Client(base_url=base, timeout=20, trust_env=False) as http:
+            r = http.get("/readyz")
+            assert r.status_code == 503 and r.json()["reasons"] == [
+                f"no live {role} worker" for role in ("planner", "executor", "critic")
+            ], r.text
+        head = b"POST /v1/goals HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ci-token\r\nContent-Length: 50\r\n\r\n{"
+        raw, _, took = _raw_http(base, head)
+        assert _json_answer(raw)[0] == 408 and took < 5, (raw, took)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, (tmp_path / "api.log").read_text()
