@@ -130,6 +130,10 @@ class Keys:
     def ledger(self, goal_id: str) -> str:
         return f"{self.prefix}goal:{goal_id}:ledger"
 
+    def breaker(self, model: str) -> str:
+        """Hash: a model's fleet-wide circuit breaker (failures in the window, open until) (bus.breaker)."""
+        return f"{self.prefix}breaker:{model}"
+
     # -- token ledger ---------------------------------------------------------------------------
     def ledger_open(self) -> str:
         """Hash: open reservation id -> its record (every goal's, so any reserve can sweep them)."""

@@ -35,7 +35,6 @@ overrun, because the call is made with `max_tokens` clamped to the reservation.
 
 from __future__ import annotations
 
-import math
 import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -51,6 +50,7 @@ from llm.types import Usage
 
 from .events import CorruptRecord, first_error
 from .keys import Keys
+from .prices import PriceTable
 from .store import NotFound
 
 # Pool names end up inside Redis keys and inside newline-separated records.
@@ -144,94 +144,6 @@ class BudgetExhausted(LedgerError):
         )
 
 
-# -- prices (pure) --------------------------------------------------------------------------------
-
-
-class ModelPrice(BaseModel):
-    """USD per million tokens of each kind."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    input: float = Field(ge=0)
-    output: float = Field(ge=0)
-    cache_read: float = Field(ge=0)
-    cache_write: float = Field(ge=0)
-
-
-# Anthropic list prices (USD per million tokens; cache write = the 5-minute TTL price). A model id
-# matches its longest listed prefix, so dated ids ("claude-sonnet-4-5-20250929") need no entry.
-DEFAULT_PRICES: Mapping[str, ModelPrice] = {
-    "claude-opus-4-5": ModelPrice(input=5, output=25, cache_read=0.5, cache_write=6.25),
-    "claude-opus-4": ModelPrice(input=15, output=75, cache_read=1.5, cache_write=18.75),
-    "claude-sonnet-4": ModelPrice(input=3, output=15, cache_read=0.3, cache_write=3.75),
-    "claude-3-7-sonnet": ModelPrice(input=3, output=15, cache_read=0.3, cache_write=3.75),
-    "claude-haiku-4-5": ModelPrice(input=1, output=5, cache_read=0.1, cache_write=1.25),
-    "claude-3-5-haiku": ModelPrice(input=0.8, output=4, cache_read=0.08, cache_write=1),
-    "demo": ModelPrice(input=0, output=0, cache_read=0, cache_write=0),
-}
-
-
-def _rate(usd_per_mtok: float) -> int:
-    """USD per million tokens as integer micro-USD per million tokens (rounded up, exact for prices
-    with up to 6 decimals), so costs are exact integer arithmetic here and in the reserve script."""
-    return math.ceil(Decimal(str(usd_per_mtok)) * 1_000_000)
-
-
-class PriceTable:
-    """Per-model prices; costs are integer micro-USD, rounded up (the books never under-report)."""
-
-    def __init__(self, prices: Mapping[str, ModelPrice] | None = None, *, defaults: bool = True) -> None:
-        merged = dict(DEFAULT_PRICES) if defaults else {}
-        merged.update(prices or {})
-        # Longest prefix first, so "claude-opus-4-5" wins over "claude-opus-4".
-        self._prices = sorted(merged.items(), key=lambda kv: len(kv[0]), reverse=True)
-        # model id -> (input, output, cache read, cache write) rates, or None: resolved once per id.
-        self._rates: dict[str, tuple[int, int, int, int] | None] = {}
-
-    def price(self, model: str | None) -> ModelPrice | None:
-        if model is None:
-            return None
-        return next((p for name, p in self._prices if model == name or model.startswith(name)), None)
-
-    def _rates_of(self, model: str | None) -> tuple[int, int, int, int] | None:
-        if model is None:
-            return None
-        if model not in self._rates:
-            p = self.price(model)
-            self._rates[model] = (
-                None if p is None else (_rate(p.input), _rate(p.output), _rate(p.cache_read), _rate(p.cache_write))
-            )
-        return self._rates[model]
-
-    def cost(self, model: str | None, usage: Usage) -> int | None:
-        """Micro-USD of `usage` on `model`; None when the model has no price."""
-        r = self._rates_of(model)
-        if r is None:
-            return None
-        scaled = (
-            usage.input_tokens * r[0]
-            + usage.output_tokens * r[1]
-            + usage.cache_read_tokens * r[2]
-            + usage.cache_write_tokens * r[3]
-        )
-        return -(-scaled // 1_000_000)  # ceiling division
-
-    def per_mtok_micro(self, model: str | None) -> tuple[int, int]:
-        """(input, output) price in micro-USD per million tokens, for the reserve script: the
-        reservation's worst case. Input is priced at the dearest rate an input token can incur
-        (the cache-write rate when it is above the input rate), output at the output rate."""
-        r = self._rates_of(model)
-        return (0, 0) if r is None else (max(r[0], r[2], r[3]), r[1])
-
-    def priced(self, model: str | None) -> bool:
-        return self._rates_of(model) is not None
-
-    def worst_cost(self, model: str | None, input_tokens: int, output_tokens: int) -> int:
-        """Micro-USD a call of this size can cost at most (what the reserve script holds)."""
-        pin, pout = self.per_mtok_micro(model)
-        return -(-(input_tokens * pin + output_tokens * pout) // 1_000_000)
-
-
 # -- the clamp decision (pure; the reserve script implements the same rule) -----------------------
 
 
@@ -306,6 +218,10 @@ class LedgerSnapshot(BaseModel):
     spent_cache_read: int
     spent_cache_write: int
     spent_unknown: int = Field(description="forfeited and expired reservations, counted in full")
+    usage_unknown: int = Field(default=0, description="calls whose reply carried no usage, counted in full")
+    served_by: dict[str, str] = Field(
+        default_factory=dict, description="the model that last served each role's calls (role -> model)"
+    )
     calls: int
     cost_micro_usd: int
     cost_usd: float
@@ -337,6 +253,8 @@ class LedgerSnapshot(BaseModel):
             spent_cache_read=n("spent_cache_read"),
             spent_cache_write=n("spent_cache_write"),
             spent_unknown=n("spent_unknown"),
+            usage_unknown=n("usage_unknown"),
+            served_by={k.removeprefix("served:"): v for k, v in h.items() if k.startswith("served:")},
             calls=n("calls"),
             cost_micro_usd=n("cost_micro_usd"),
             cost_usd=n("cost_micro_usd") / 1_000_000,
@@ -359,7 +277,8 @@ class LedgerSnapshot(BaseModel):
 # `close` takes one open reservation off the books (the goal's, the tenant period pool's, each pool's):
 #   'settle'  spent += the reported usage (by kind), cost += the priced usage;
 #   'release' nothing spent;
-#   'forfeit' / 'expire'  spent_unknown += the full amount, cost += the worst-case cost.
+#   'forfeit' / 'expire' / 'unknown'  spent_unknown += the full amount, cost += the worst-case cost
+#   ('unknown': the call succeeded but its reply carried no usage; counted as `usage_unknown`).
 # Every book also gives back the worst-case cost it held (`reserved_micro`). The tenant period pool
 # also keeps the spend per model (`m:<model>:<kind>`), for `taskloom ledger --tenant`.
 # It returns false when the id is not open: closing is idempotent.
@@ -433,7 +352,7 @@ local function book(key, amount, fcost, mode, u, model, extra)
       add('spent_unknown', amount, true)
       add('spent', amount, true)
       add('cost_micro_usd', fcost, true)
-      add(mode == 'expire' and 'expired' or 'forfeits', 1, true)
+      add(mode == 'expire' and 'expired' or mode == 'unknown' and 'usage_unknown' or 'forfeits', 1, true)
       if model then
         add('m:' .. model .. ':unknown', amount, true)
         add('m:' .. model .. ':cost', fcost, true)
@@ -447,7 +366,7 @@ end
 -- member itself, so opening and closing a reservation each touch one key less). A member that is a
 -- bare id was written by a worker of an earlier version, which kept the record in the open hash.
 -- `goal_extra`: field/value pairs written to the goal's books with the same HSET.
-local function close(open_key, expiry_key, member, mode, u, goal_extra)
+local function close(open_key, expiry_key, member, mode, u, goal_extra, watch)
   if redis.call('ZREM', expiry_key, member) == 0 then return false end
   local f = lines(member)
   if #f == 1 then
@@ -457,10 +376,13 @@ local function close(open_key, expiry_key, member, mode, u, goal_extra)
     f = lines(member .. '\\n' .. rec)
   end
   local amount, fcost = tonumber(f[3]), tonumber(f[4])
+  -- `watch` {field, value}: whether the goal's books held another value in that field before.
+  local changed = watch and redis.call('HGET', f[2], watch[1]) ~= watch[2]
   book(f[2], amount, fcost, mode, u, nil, goal_extra)
   if f[6] ~= '-' then book(f[6], amount, fcost, mode, u, f[5]) end
   for i = 7, #f do book(f[i], amount, fcost, mode, u, nil) end
-  return true
+  if changed then return 2 end
+  return 1
 end
 
 local function sweep(open_key, expiry_key, t, limit)
@@ -656,18 +578,27 @@ return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g
 )
 
 # KEYS: open hash, expiry zset.
-# ARGV: reservation's expiry entry (`Reservation.entry`, or its id), mode ('settle' | 'release' | 'forfeit'),
-#       end the goal's provider trouble ('1'/'0': its clock `trouble_since` is set to 0 in the same
-#       write as the goal's books, so a successful call ends it without a command of its own),
-#       then for 'settle': input, output, cache read, cache write tokens, cost, unpriced (0/1).
-# Returns 1 if the reservation was open (and is now closed), 0 if it was already closed.
+# ARGV: reservation's expiry entry (`Reservation.entry`, or its id), mode ('settle' | 'release' | 'forfeit'
+#       | 'unknown'), end the goal's provider trouble ('1'/'0': its clock `trouble_since` is set to 0 in
+#       the same write as the goal's books, so a successful call ends it without a command of its own),
+#       a field and value to write to the goal's books in that same write ('' '' for none: the model
+#       that served a role, `served:<role>`), then for 'settle': input, output, cache read, cache
+#       write tokens, cost, unpriced (0/1).
+# Returns 1 if the reservation was open (and is now closed), 2 if so and the served model of the role
+# changed (the first call of the role, or a failover), 0 if it was already closed.
 _CLOSE = (
     _LIB
     + """
 local u = {}
-for i = 4, #ARGV do u[#u + 1] = tonumber(ARGV[i]) end
-local closed = close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u, ARGV[3] == '1' and {'trouble_since', '0'} or nil)
-if closed then return 1 end
+for i = 6, #ARGV do u[#u + 1] = tonumber(ARGV[i]) end
+local extra, watch = {}, nil
+if ARGV[3] == '1' then extra = {'trouble_since', '0'} end
+if ARGV[4] ~= '' then
+  extra[#extra + 1] = ARGV[4]; extra[#extra + 1] = ARGV[5]
+  watch = {ARGV[4], ARGV[5]}
+end
+local closed = close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u, extra, watch)
+if closed then return closed end
 return 0
 """
 )
@@ -767,7 +698,7 @@ class Ledger:
         if estimated_input < 0 or max_tokens < 1:
             raise ValueError(f"need estimated_input >= 0 and max_tokens >= 1, got {estimated_input}, {max_tokens}")
         rid = uuid.uuid4().hex
-        price_in, price_out = self.prices.per_mtok_micro(model)
+        price_in, price_out = self.prices.per_mtok_micro(model, estimated_input)
         # The model is a line of the reservation's record and part of field names: no whitespace.
         model_tag = "-" if model is None else re.sub(r"\s", "_", model)[:200] or "-"
         out = await self._reserve(
@@ -810,20 +741,29 @@ class Ledger:
         )
 
     async def settle(
-        self, reservation: Reservation, usage: Usage, *, model: str | None = None, end_trouble: bool = False
-    ) -> bool:
+        self,
+        reservation: Reservation,
+        usage: Usage,
+        *,
+        model: str | None = None,
+        end_trouble: bool = False,
+        served: tuple[str, str] | None = None,
+    ) -> int:
         """Record what the call really used (priced for `model`, e.g. `ModelResponse.model`).
 
-        True if this closed the reservation; False (nothing changed) if it was already settled,
+        Truthy if this closed the reservation (2: and `served` changed the role's model, 1: it did
+        not); 0 (nothing changed) if it was already settled,
         released, forfeited or expired: a retried settle, or one that arrives after expiry
         already counted the full amount. `end_trouble`: a successful call ends the goal's provider
         trouble (`bus.retry.TroubleClock`); its clock is reset in the same write as the books.
+        `served`: (role, model) recorded on the goal's books in the same write (`served_by`).
         """
         cost = self.prices.cost(model or reservation.model, usage)
         return await self._close_one(
             reservation,
             "settle",
             end_trouble,
+            served,
             usage.input_tokens,
             usage.output_tokens,
             usage.cache_read_tokens,
@@ -834,18 +774,28 @@ class Ledger:
 
     async def release(self, reservation: Reservation) -> bool:
         """Free the reservation: the call never reached the provider. Idempotent like `settle`."""
-        return await self._close_one(reservation, "release", False)
+        return bool(await self._close_one(reservation, "release", False, None))
 
     async def forfeit(self, reservation: Reservation) -> bool:
         """Count the full reservation as spent: the call's outcome is unknown (timeout, cancellation)."""
-        return await self._close_one(reservation, "forfeit", False)
+        return bool(await self._close_one(reservation, "forfeit", False, None))
 
-    async def _close_one(self, reservation: Reservation, mode: str, end_trouble: bool, *usage: int) -> bool:
+    async def settle_unknown(
+        self, reservation: Reservation, *, end_trouble: bool = False, served: tuple[str, str] | None = None
+    ) -> int:
+        """The call succeeded but its reply carried no usage (some local servers): count the full
+        reservation as spent at its worst-case cost, as `usage_unknown`, never as free."""
+        return await self._close_one(reservation, "unknown", end_trouble, served)
+
+    async def _close_one(
+        self, reservation: Reservation, mode: str, end_trouble: bool, served: tuple[str, str] | None, *usage: int
+    ) -> int:
+        field, value = (f"served:{served[0]}", served[1]) if served is not None else ("", "")
         out = await self._close(
             keys=[self._open_key, self._expiry_key],
-            args=[reservation.entry or reservation.id, mode, int(end_trouble), *usage],
+            args=[reservation.entry or reservation.id, mode, int(end_trouble), field, value, *usage],
         )
-        return bool(out)
+        return int(out)
 
     async def sweep(self) -> int:
         """Forfeit every expired reservation (of any goal under this prefix); returns how many."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import structlog
 from opentelemetry.trace import Span
@@ -29,6 +29,7 @@ from llm.port import ModelPort
 from llm.types import ModelRequest, ModelResponse
 
 from . import tracing
+from .breaker import Breaker, BreakerState, gate
 from .events import EventLog
 from .ledger import BudgetExhausted, Ledger, Reservation
 from .observe import observe
@@ -66,6 +67,52 @@ def error_kind(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True)
+class ModelRoute:
+    """Where one role's calls for a goal go: `chain[0]`, then each fallback in order. `labels` name
+    them as configured (an alias of the models file, or a model id), for events and status."""
+
+    chain: tuple[ModelPort, ...]
+    labels: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.chain:
+            raise ValueError("a model route needs at least one model")
+        if not self.labels:
+            object.__setattr__(self, "labels", tuple(m.model for m in self.chain))
+        if len(self.labels) != len(self.chain):
+            raise ValueError("a model route needs one label per model")
+
+    @classmethod
+    def of(cls, model: ModelPort) -> ModelRoute:
+        return cls((model,))
+
+
+class Router(Protocol):
+    """Picks the route of a role's calls for a goal (`choice`: the model alias the goal asked for)."""
+
+    def route(self, role: str | None, choice: str | None) -> ModelRoute: ...
+
+
+def fails_over(exc: BaseException) -> bool:
+    """A failed call moves to the next model of its chain when trying again might succeed elsewhere:
+    a retryable error (429, 5xx, 529 overloaded, timeout, refused connection). Replies arrive whole,
+    so such an error always comes before any output was received. A terminal error (a bad request,
+    a refused key) would only fail again, differently: it is raised."""
+    return isinstance(exc, ModelError) and exc.retryable
+
+
+def candidates(states: Sequence[BreakerState], cooldown: float) -> list[tuple[int, str]]:
+    """The chain positions to try, in order, each with its gate (`call` or `probe`): the models whose
+    breaker is open (or being probed by another worker) are left out."""
+    out: list[tuple[int, str]] = []
+    for i, state in enumerate(states):
+        g = gate(state, cooldown)
+        if g != "skip":
+            out.append((i, g))
+    return out
+
+
+@dataclass(frozen=True)
 class Degrade:
     """Switch a goal's later calls to `fallback` once it (or its tenant's pool) has spent `at` of
     its budget (tokens or dollars, whichever is further along)."""
@@ -86,23 +133,28 @@ class MeteredModel:
 
     def __init__(
         self,
-        inner: ModelPort,
+        inner: ModelPort | ModelRoute,
         ledger: Ledger,
         goal_id: str,
         trouble: TroubleClock | None = None,
         limiter: RateLimiter | None = None,
         events: EventLog | None = None,
         degrade: Degrade | None = None,
+        breaker: Breaker | None = None,
+        role: str | None = None,
     ) -> None:
-        self.inner = inner
+        self.route = inner if isinstance(inner, ModelRoute) else ModelRoute.of(inner)
+        self.inner = self.route.chain[0]
+        self.breaker = breaker
+        self.role = role
         self.ledger = ledger
         self.goal_id = goal_id
         self.trouble = trouble  # a successful call ends the goal's provider trouble (bus.retry)
         self.limiter = limiter
         self.events = events
         self.degrade = degrade
-        self.name = inner.name
-        self.model = inner.model
+        self.name = self.inner.name
+        self.model = self.inner.model
 
     def __repr__(self) -> str:
         return f"MeteredModel({self.inner!r}, goal_id={self.goal_id!r})"
@@ -110,20 +162,101 @@ class MeteredModel:
     async def complete(self, request: ModelRequest) -> ModelResponse:
         # One span per call, the ledger's moves as its events (bus.tracing: GenAI conventions).
         with tracing.model_span(self.inner.name, self.inner.model, request) as span:
-            return await self._complete(request, span)
+            if len(self.route.chain) == 1 or self.breaker is None:
+                return await self._complete(self.inner, self.route.labels[0], request, span, first=True)
+            return await self._failover(request, span)
 
-    async def _complete(self, request: ModelRequest, span: Span) -> ModelResponse:
+    async def _failover(self, request: ModelRequest, span: Span) -> ModelResponse:
+        """Try the chain in order, skipping models whose fleet-wide breaker is open; a retryable
+        failure moves to the next model at once. Raises the last failure when every model failed
+        (the job layer's patience then applies), or a `RetryableModelError` when all are cooling down."""
+        assert self.breaker is not None
+        chain, labels = self.route.chain, self.route.labels
+        policy = self.breaker.policy
+        try:
+            states = await self.breaker.states([m.model for m in chain])
+        except Exception as exc:  # the breaker is advice: without it, every model is tried
+            log.warning("breaker.read_failed", goal_id=self.goal_id, error=repr(exc))
+            states = [BreakerState() for _ in chain]
+        plan = candidates(states, policy.cooldown)
+        failure: ModelError | None = None
+        for n, (i, kind) in enumerate(plan):
+            model = chain[i]
+            if kind == "probe" and not await self.breaker.claim_probe(model.model):
+                continue
+            try:
+                response = await self._complete(model, labels[i], request, span, first=i == 0)
+            except ModelError as exc:
+                if not fails_over(exc):
+                    raise
+                failure = exc
+                await _shielded(self._breaker_failed(model.model))
+                later = [(j, k) for j, k in plan[n + 1 :]]
+                if later:
+                    await self._failed_over(labels[i], model, labels[later[0][0]], chain[later[0][0]], exc)
+                continue
+            if not states[i].clean or kind == "probe":
+                await _shielded(self._breaker_succeeded(model.model))
+            return response
+        if failure is not None:
+            raise failure
+        waits = [s.open_until - s.now for s in states if s.open_until > s.now]
+        raise RetryableModelError(
+            f"every model of the chain ({', '.join(labels)}) is cooling down after repeated failures",
+            retry_after=max(0.0, min(waits)) if waits else policy.cooldown,
+        )
+
+    async def _breaker_failed(self, model: str) -> None:
+        assert self.breaker is not None
+        try:
+            if await self.breaker.failed(model):
+                log.warning("breaker.opened", goal_id=self.goal_id, model=model, cooldown=self.breaker.policy.cooldown)
+                observe(lambda o: o.breaker_opened(model))
+        except Exception as exc:
+            log.warning("breaker.write_failed", goal_id=self.goal_id, error=repr(exc))
+
+    async def _breaker_succeeded(self, model: str) -> None:
+        assert self.breaker is not None
+        try:
+            await self.breaker.succeeded(model)
+        except Exception as exc:
+            log.warning("breaker.write_failed", goal_id=self.goal_id, error=repr(exc))
+
+    async def _failed_over(
+        self, from_label: str, from_model: ModelPort, to_label: str, to_model: ModelPort, exc: ModelError
+    ) -> None:
+        kind = error_kind(exc)
+        data = {
+            "from": from_label,
+            "to": to_label,
+            "from_model": from_model.model,
+            "to_model": to_model.model,
+            "error": kind,
+            "status": exc.status,
+            "request_id": exc.request_id,
+            "role": self.role,
+        }
+        log.warning("model.failover", goal_id=self.goal_id, **data)
+        observe(lambda o: o.model_failover(from_model.model, to_model.model, kind))
+        await self._emit("model.failover", {k: v for k, v in data.items() if v is not None})
+
+    async def _complete(
+        self, model: ModelPort, label: str, request: ModelRequest, span: Span, *, first: bool
+    ) -> ModelResponse:
+        """One call to `model`: its rate-limit turn, its reservation (priced for it), the call, and
+        the close. `first`: the chain's first model, which a goal past its degrade threshold swaps
+        for the fallback."""
         estimate = estimate_input_tokens(request)
         grant: Grant | None = None
         if self.limiter is not None:
             # Before the reservation: a call waiting its turn holds no budget.
-            grant = await self.limiter.acquire(self.inner.model, self.goal_id, estimate, request.max_tokens)
+            grant = await self.limiter.acquire(model.model, self.goal_id, estimate, request.max_tokens)
             if grant is not None and grant.waited > 0.01:
                 await self._rate_waited(grant)
         try:
-            reservation = await self.ledger.reserve(self.goal_id, estimate, request.max_tokens, model=self.inner.model)
+            reservation = await self.ledger.reserve(self.goal_id, estimate, request.max_tokens, model=model.model)
         except BudgetExhausted as exc:
-            observe(lambda o: o.budget_refused(self.inner.model))
+            observe(lambda o: o.budget_refused(model.model))
             span.add_event("ledger.refused", tracing.clean({"requested": getattr(exc, "requested", None)}))
             if grant is not None and self.limiter is not None:
                 await _shielded(self.limiter.settle(grant, 0, 0))
@@ -133,7 +266,9 @@ class MeteredModel:
             # The output alone can then never overrun the budget: the provider stops at max_tokens.
             request = request.model_copy(update={"max_tokens": reservation.max_tokens})
             span.set_attribute("gen_ai.request.max_tokens", reservation.max_tokens)
-        inner = await self._model_for(reservation)
+        inner = await self._model_for(reservation) if first else model
+        if inner is not model:
+            label = inner.model
         response: ModelResponse | None = None
         failure: BaseException | None = None
         started = time.perf_counter()
@@ -145,12 +280,12 @@ class MeteredModel:
             failure = exc
             raise
         finally:
-            self._observe(response, failure, time.perf_counter() - started)
+            self._observe(inner, response, failure, time.perf_counter() - started)
             # Shielded: a second cancellation must not stop the write (the reservation would still
             # be forfeited when it expires, but its tokens would be held until then).
-            await _shielded(self._close(reservation, response, failure))
+            await _shielded(self._close(reservation, response, failure, inner, label))
             if grant is not None:
-                await _shielded(self._after_rate(grant, response, failure))
+                await _shielded(self._after_rate(model, grant, response, failure))
             if span.is_recording() and not isinstance(failure, asyncio.CancelledError):
                 await self._ledger_event(span, *_closed_as(reservation, response, failure))
 
@@ -185,6 +320,11 @@ class MeteredModel:
             )
         return d.fallback
 
+    async def _serving(self, label: str, inner: ModelPort) -> None:
+        """The event of a role's calls for the goal moving to a model: its first call, or a failover
+        (the ledger's close says so, in the settle's own write: no read of its own)."""
+        await self._emit("model.serving", {"role": self.role, "model": label, "model_id": inner.model})
+
     async def _rate_waited(self, grant: Grant) -> None:
         observe(lambda o: o.rate_limit_wait(grant.bucket, grant.waited))
         await self._emit("model.rate_limited", {"bucket": grant.bucket, "waited": round(grant.waited, 3)})
@@ -197,7 +337,9 @@ class MeteredModel:
         except Exception as exc:  # the event is for people; the call matters more
             log.warning("event.emit_failed", goal_id=self.goal_id, type=kind, error=repr(exc))
 
-    async def _after_rate(self, grant: Grant, response: ModelResponse | None, failure: BaseException | None) -> None:
+    async def _after_rate(
+        self, model: ModelPort, grant: Grant, response: ModelResponse | None, failure: BaseException | None
+    ) -> None:
         """Give the buckets back what the call did not use, and learn from the provider's answer."""
         assert self.limiter is not None
         try:
@@ -209,21 +351,23 @@ class MeteredModel:
             elif failure is not None and nothing_billed(failure):
                 await self.limiter.settle(grant, 0, 0)
             if isinstance(failure, ModelError) and failure.status == 429:
-                await self.limiter.throttled(self.inner.model, failure.retry_after)
+                await self.limiter.throttled(model.model, failure.retry_after)
             elif info is not None and info.throttled:
-                await self.limiter.throttled(self.inner.model, info.retry_after)
+                await self.limiter.throttled(model.model, info.retry_after)
             if info is not None:
                 await self.limiter.observe_remaining(
-                    self.inner.model, info.requests_remaining, info.input_tokens_remaining, info.output_tokens_remaining
+                    model.model, info.requests_remaining, info.input_tokens_remaining, info.output_tokens_remaining
                 )
         except Exception as exc:
             log.warning("ratelimit.settle_failed", goal_id=self.goal_id, error=repr(exc))
 
-    def _observe(self, response: ModelResponse | None, failure: BaseException | None, seconds: float) -> None:
+    def _observe(
+        self, inner: ModelPort, response: ModelResponse | None, failure: BaseException | None, seconds: float
+    ) -> None:
         # Labelled with the configured model id (bounded), not the id the provider echoes back.
-        model = self.inner.model
+        model = inner.model
         if response is not None:
-            micro = self.ledger.prices.cost(response.model, response.usage)
+            micro = self.ledger.prices.cost(_priced_as(inner, response), response.usage)
             cost = None if micro is None else micro / 1_000_000
             observe(lambda o: o.model_call(model, "ok", seconds, response.usage, cost))
         elif failure is not None:
@@ -231,13 +375,33 @@ class MeteredModel:
             observe(lambda o: o.model_call(model, kind, seconds, None, None))
 
     async def _close(
-        self, reservation: Reservation, response: ModelResponse | None, failure: BaseException | None
+        self,
+        reservation: Reservation,
+        response: ModelResponse | None,
+        failure: BaseException | None,
+        inner: ModelPort,
+        label: str,
     ) -> None:
         try:
-            if response is not None:
-                # The success also ends the goal's provider trouble, in the settle's own write.
-                end_trouble = self.trouble is not None
-                await self.ledger.settle(reservation, response.usage, model=response.model, end_trouble=end_trouble)
+            served = (self.role, label) if self.role is not None else None
+            # A success also ends the goal's provider trouble, in the settle's own write.
+            end_trouble = self.trouble is not None
+            if response is not None and not response.usage_reported:
+                # No usage in the reply (some local servers): the worst case, flagged; never free.
+                log.warning("ledger.usage_unknown", goal_id=self.goal_id, model=inner.model)
+                closed = await self.ledger.settle_unknown(reservation, end_trouble=end_trouble, served=served)
+                if closed == 2:
+                    await self._serving(label, inner)
+            elif response is not None:
+                closed = await self.ledger.settle(
+                    reservation,
+                    response.usage,
+                    model=_priced_as(inner, response),
+                    end_trouble=end_trouble,
+                    served=served,
+                )
+                if closed == 2:
+                    await self._serving(label, inner)
             elif failure is not None and nothing_billed(failure):
                 await self.ledger.release(reservation)
             else:
@@ -246,6 +410,13 @@ class MeteredModel:
             # The call's result (or error) matters more than this write: the reservation stays open
             # and is forfeited at its full amount when it expires, which errs on the safe side.
             log.warning("ledger.close_failed", goal_id=self.goal_id, reservation=reservation.id, error=repr(exc))
+
+
+def _priced_as(inner: ModelPort, response: ModelResponse) -> str:
+    """The model id a call is priced at: the one the provider says served it when it names a
+    version of the configured model (a dated Claude id), else the configured one (a local server's
+    own name for it, an Azure deployment's underlying model: prices are configured for our id)."""
+    return response.model if response.model.startswith(inner.model) else inner.model
 
 
 def _closed_as(
@@ -273,31 +444,57 @@ async def _shielded(coro: Coroutine[Any, Any, None]) -> None:
 
 
 class ModelFactory:
-    """The one place the roles get a model from: always the configured model, metered per goal."""
+    """The one place the roles get a model from: the configured route, metered per goal.
+
+    `inner` is one model for every role and goal, or a `Router` that picks a route per role and per
+    goal choice (the models file's aliases, per-role models, fallback chains)."""
 
     def __init__(
         self,
-        inner: ModelPort,
+        inner: ModelPort | Router,
         ledger: Ledger,
         trouble: TroubleClock | None = None,
         limiter: RateLimiter | None = None,
         events: EventLog | None = None,
         degrade: Degrade | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         if isinstance(inner, MeteredModel) or (degrade is not None and isinstance(degrade.fallback, MeteredModel)):
             raise TypeError("ModelFactory wraps the provider's model, not an already metered one")
-        self._inner = inner
+        self._router: Router | None = None
+        self._route: ModelRoute | None = None  # one route for every role and goal, or a router
+        if isinstance(inner, ModelPort):
+            self._route = ModelRoute.of(inner)
+        else:
+            self._router = inner
         self._ledger = ledger
         self._trouble = trouble
         self._limiter = limiter
         self._events = events
         self._degrade = degrade
+        self._breaker = breaker
+
+    def _route_of(self, role: str | None = None, choice: str | None = None) -> ModelRoute:
+        if self._route is not None:
+            return self._route
+        assert self._router is not None
+        return self._router.route(role, choice)
 
     @property
     def model(self) -> str:
-        return self._inner.model
+        return self._route_of().chain[0].model
 
-    def for_goal(self, goal_id: str) -> MeteredModel:
+    def for_goal(self, goal_id: str, role: str | None = None, choice: str | None = None) -> MeteredModel:
+        """The metered model of `role`'s calls for the goal (`choice`: the alias the goal asked for).
+        Raises `ModelConfigError` when `choice` is no configured alias."""
         return MeteredModel(
-            self._inner, self._ledger, goal_id, self._trouble, self._limiter, self._events, self._degrade
+            self._route_of(role, choice),
+            self._ledger,
+            goal_id,
+            self._trouble,
+            self._limiter,
+            self._events,
+            self._degrade,
+            self._breaker,
+            role,
         )

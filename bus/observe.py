@@ -40,6 +40,12 @@ class Observer:
     def model_call(self, model: str, outcome: str, seconds: float, usage: Usage | None, cost_usd: float | None) -> None:
         """A model call ended: `outcome` is ok or an error kind (see `bus.metered.error_kind`)."""
 
+    def model_failover(self, from_model: str, to_model: str, cause: str) -> None:
+        """A call moved from `from_model` to the next model of its chain (`cause`: the error's kind)."""
+
+    def breaker_opened(self, model: str) -> None:
+        """`model` failed often enough that every worker skips it for a cool-down."""
+
     def budget_refused(self, model: str) -> None:
         """The ledger refused a call's reservation: nothing was sent."""
 

@@ -37,7 +37,7 @@ class ToolDefinitions(Protocol):
 class ModelSource(Protocol):
     """Hands out the (metered) model a goal's calls must go through; the only way roles get a model."""
 
-    def for_goal(self, goal_id: str) -> ModelPort: ...
+    def for_goal(self, goal_id: str, role: str | None = None, choice: str | None = None) -> ModelPort: ...
 
 
 class Limits(BaseModel):
@@ -126,7 +126,9 @@ class Runtime:
         """Every tool the planner may assign: the same catalog the executors run from."""
         return await self.tools.definitions() if self.tools is not None else list(self.tool_catalog)
 
-    def model_for(self, goal_id: str) -> ModelPort:
+    def model_for(self, goal_id: str, role: str | None = None, choice: str | None = None) -> ModelPort:
+        """The metered model of `role`'s calls for the goal; `choice` is the model alias the goal
+        asked for at submit (None: the role's configured model)."""
         if self.models is None:
             raise RuntimeError("this worker was started without a model")
-        return self.models.for_goal(goal_id)
+        return self.models.for_goal(goal_id, role, choice)

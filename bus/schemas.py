@@ -124,6 +124,12 @@ class Goal(_Model):
     check: Check | None = Field(
         default=None, description="a machine-checkable definition of done for the final answer"
     )
+    model: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,127}$",
+        description="a model alias of the workers' models file, used by every role of this goal; unset = "
+        "each role's configured model",
+    )
 
     @field_validator("deadline")
     @classmethod

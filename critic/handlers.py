@@ -146,7 +146,7 @@ async def _judge(
     outcome = await rt.within_budget(
         goal.id,
         ask_for_verdict(
-            rt.model_for(goal.id),
+            rt.model_for(goal.id, "critic", goal.goal.model),
             system=REVIEW_SYSTEM,
             prompt=review_prompt(goal.goal, spec, result, task.feedback, final=final),
             max_tokens=rt.limits.model_max_tokens,
@@ -309,7 +309,7 @@ async def _write_final(
     outcome = await rt.within_budget(
         goal.id,
         ask_for_final(
-            rt.model_for(goal.id),
+            rt.model_for(goal.id, "critic", goal.goal.model),
             system=FINAL_SYSTEM,
             prompt=final_prompt(goal.goal, accepted, rt.limits.dependency_result_limit),
             max_tokens=rt.limits.model_max_tokens * ANSWER_TOKENS_FACTOR,

@@ -309,7 +309,7 @@ async def _make_loop(
     return Loop(
         task_input,
         store,
-        rt.model_for(job.goal_id),
+        rt.model_for(job.goal_id, "executor", goal.goal.model),
         gateway,
         RedisApprovals(rt, job.goal_id),
         rt.limits,

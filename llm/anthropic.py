@@ -17,14 +17,22 @@ Error mapping (after the SDK's retries):
 
 `maybe_spent` is True whenever any attempt, not only the last, may have been billed: attempts are
 observed through an SDK middleware.
+
+The same adapter reaches Claude on AWS Bedrock and Google Vertex AI (`provider="bedrock"` /
+`"vertex"`) through the SDK's `AsyncAnthropicBedrock` / `AsyncAnthropicVertex` clients: the request,
+the response, the middleware and the tables above are shared; only the client, its credentials, the
+model ids, the body's `anthropic_version` and where a request id is found differ. Bedrock adds one
+status: 424 (`ModelErrorException`, "try your request again") is retryable, though the SDK does not
+retry it within the call.
 """
 
 from __future__ import annotations
 
 import contextvars
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import anthropic
 import httpx2
@@ -54,10 +62,29 @@ from llm.types import (
     Usage,
 )
 
+Provider = Literal["anthropic", "bedrock", "vertex"]
+PROVIDERS: tuple[Provider, ...] = ("anthropic", "bedrock", "vertex")
+
 API_KEY_ENV = "ANTHROPIC_API_KEY"
 BASE_URL_ENV = "ANTHROPIC_BASE_URL"
 MAX_CACHE_MARKERS = 4  # the Messages API refuses more than 4 cache_control breakpoints
 _EPHEMERAL = {"type": "ephemeral"}
+
+# The body's `anthropic_version` each platform documents. SDK 2.14 fills in the Messages API header's
+# version (a date) when the body has none, which neither platform lists; so the adapter sets its own.
+BODY_VERSIONS: dict[Provider, str] = {"bedrock": "bedrock-2023-05-31", "vertex": "vertex-2023-10-16"}
+
+AWS_REGION_ENVS = ("AWS_REGION", "AWS_DEFAULT_REGION")
+VERTEX_REGION_ENV = "CLOUD_ML_REGION"
+VERTEX_PROJECT_ENVS = ("ANTHROPIC_VERTEX_PROJECT_ID", "GOOGLE_CLOUD_PROJECT")
+
+# Where each platform puts its request id: Anthropic `request-id`, Bedrock `x-amzn-requestid`.
+# Vertex is not documented to send either; its error bodies carry a top-level `request_id` (`req_vrtx_...`).
+REQUEST_ID_HEADERS = ("request-id", "x-amzn-requestid")
+
+# 424 is Bedrock's ModelErrorException ("the system encountered an unexpected error during processing.
+# Try your request again"); the others are the SDK's own retry statuses (plus every 5xx).
+RETRYABLE_STATUSES = frozenset({408, 409, 424, 429})
 
 # Exceptions whose cause means the request never left this machine.
 _NOT_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
@@ -140,8 +167,11 @@ def count_cache_markers(value: Any) -> int:
 # -- response and error mapping (pure) ---------------------------------------------------------
 
 
-def to_response(message: anthropic.types.Message, names: ToolNameMap, model: str) -> ModelResponse:
-    request_id = getattr(message, "_request_id", None)
+def to_response(
+    message: anthropic.types.Message, names: ToolNameMap, model: str, request_id: str | None = None
+) -> ModelResponse:
+    """`message` in the port's types; `request_id` is used when the SDK found none (`request-id` header)."""
+    request_id = getattr(message, "_request_id", None) or request_id
     if message.stop_reason is None:
         raise TerminalModelError("the provider's response has no stop_reason", request_id=request_id)
     content: list[ContentBlock] = []
@@ -179,6 +209,7 @@ class _Attempts:
     throttled: int = 0  # 429 answers (the SDK retries them within the call)
     retry_after: float | None = None
     remaining: dict[str, int] = field(default_factory=dict)  # anthropic-ratelimit-*-remaining, last seen
+    request_id: str | None = None  # of the last response, from whichever header the platform uses
 
     def rate_limit(self) -> RateLimitInfo | None:
         if not self.throttled and not self.remaining:
@@ -213,6 +244,7 @@ async def _record_attempt(request: APIRequest, call_next: Any) -> AsyncAPIRespon
         attempts.outcomes.append(str(status))
         attempts.maybe_billed |= status < 400
         headers = response.http_response.headers
+        attempts.request_id = request_id_from(headers)
         if status == 429:
             attempts.throttled += 1
             attempts.retry_after = _retry_after(headers)
@@ -232,16 +264,39 @@ def _retry_after(headers: httpx2.Headers) -> float | None:
     return None
 
 
+def request_id_from(headers: Mapping[str, str], body: object = None) -> str | None:
+    """The platform's request id: a header (`REQUEST_ID_HEADERS`), else an error body's `request_id`."""
+    for name in REQUEST_ID_HEADERS:
+        if headers.get(name):
+            return headers[name]
+    value = body.get("request_id") if isinstance(body, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _error_detail(err: anthropic.APIStatusError) -> str:
+    """The provider's own words: `error.message` (Anthropic, Vertex), else Bedrock's `message`, named by
+    its `x-amzn-errortype` (`ThrottlingException:http://...` -> `ThrottlingException`)."""
+    body = err.body
+    detail = err.api_message
+    if detail is None and isinstance(body, dict) and isinstance(body.get("message"), str):
+        detail = body["message"]
+    aws_type = err.response.headers.get("x-amzn-errortype", "").partition(":")[0]
+    if aws_type:
+        return f"{aws_type}: {detail or err.message}"
+    return detail or err.message
+
+
 def map_error(err: anthropic.AnthropicError, maybe_billed: bool) -> ModelError:
     """The `llm.errors` type for an SDK failure that survived the SDK's retries."""
     if isinstance(err, anthropic.APIStatusError):
         status = err.status_code
         should_retry = err.response.headers.get("x-should-retry")
-        retryable = status in (408, 409, 429) or status >= 500
+        retryable = status in RETRYABLE_STATUSES or status >= 500
         if should_retry in ("true", "false"):
             retryable = should_retry == "true"
-        detail = err.api_message or err.message
-        kwargs: dict[str, Any] = {"status": status, "request_id": err.request_id, "maybe_spent": maybe_billed}
+        detail = _error_detail(err)
+        request_id = request_id_from(err.response.headers, err.body)
+        kwargs: dict[str, Any] = {"status": status, "request_id": request_id, "maybe_spent": maybe_billed}
         if retryable:
             return RetryableModelError(
                 f"provider error {status}: {detail}", retry_after=_retry_after(err.response.headers), **kwargs
@@ -264,59 +319,240 @@ def map_error(err: anthropic.AnthropicError, maybe_billed: bool) -> ModelError:
 
 # -- the adapter ------------------------------------------------------------------------------
 
+_Client: TypeAlias = anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
+
+# Which keyword options each provider takes (the others must be left None).
+_OPTIONS: dict[Provider, tuple[str, ...]] = {
+    "anthropic": ("api_key", "base_url"),
+    "bedrock": (
+        "aws_region",
+        "aws_access_key",
+        "aws_secret_key",
+        "aws_session_token",
+        "aws_profile",
+        "api_key",
+        "base_url",
+    ),
+    "vertex": ("project_id", "region", "access_token", "base_url"),
+}
+
+
+def check_provider_options(provider: str, given: Mapping[str, object]) -> None:
+    """Raise `ModelConfigError` for an unknown provider or an option (not None) another provider takes."""
+    if provider not in _OPTIONS:
+        raise ModelConfigError(f"unknown model provider {provider!r}: use one of {', '.join(PROVIDERS)}")
+    allowed = _OPTIONS[provider]
+    foreign = sorted(name for name, value in given.items() if value is not None and name not in allowed)
+    if foreign:
+        raise ModelConfigError(
+            f"{', '.join(foreign)} not used by provider {provider!r} (it takes {', '.join(allowed)})"
+        )
+
+
+def _botocore_errors() -> Any:
+    """`botocore.exceptions` (untyped; imported only for provider bedrock)."""
+    import botocore.exceptions  # type: ignore[import-untyped]
+
+    return botocore.exceptions
+
+
+def _first_env(names: tuple[str, ...]) -> str | None:
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
+def aws_region_for(aws_region: str | None, aws_profile: str | None) -> str:
+    """The Bedrock region: the argument, `AWS_REGION` / `AWS_DEFAULT_REGION`, or the AWS profile's region
+    (read from the AWS config files by boto3, no network); none -> `ModelConfigError` naming them."""
+    region = aws_region or _first_env(AWS_REGION_ENVS)
+    if not region:
+        import boto3  # type: ignore[import-untyped]
+
+        try:
+            region = boto3.Session(profile_name=aws_profile).region_name
+        except _botocore_errors().BotoCoreError as err:  # ProfileNotFound, a broken config file
+            raise ModelConfigError(f"AWS configuration for Bedrock: {err}") from err
+    if not region:
+        raise ModelConfigError(
+            "no AWS region for Bedrock: set aws_region (the models file's aws_region), "
+            "AWS_REGION or AWS_DEFAULT_REGION, or a region in the AWS profile"
+        )
+    return region
+
 
 class AnthropicModel:
-    """`ModelPort` for Claude models over `anthropic.AsyncAnthropic` (one client, reused)."""
+    """`ModelPort` for Claude models over the official SDK (one client, reused): Anthropic's API
+    (`anthropic.AsyncAnthropic`), AWS Bedrock (`AsyncAnthropicBedrock`) or Google Vertex AI
+    (`AsyncAnthropicVertex`), chosen by `provider`; `name` is the provider."""
 
-    name = "anthropic"
+    name: str = "anthropic"
 
     def __init__(
         self,
         model: str,
         *,
+        provider: Provider = "anthropic",
         api_key: str | None = None,
         base_url: str | None = None,
         max_retries: int = 2,
         timeout: float = 60.0,
         strict_validation: bool = False,
+        aws_region: str | None = None,
+        aws_access_key: str | None = None,
+        aws_secret_key: str | None = None,
+        aws_session_token: str | None = None,
+        aws_profile: str | None = None,
+        project_id: str | None = None,
+        region: str | None = None,
+        access_token: str | None = None,
     ) -> None:
-        key = api_key or os.environ.get(API_KEY_ENV)
-        if not key:
-            raise ModelConfigError(
-                f"no Anthropic API key: set {API_KEY_ENV} or pass api_key= (or use the offline 'demo' model)"
-            )
+        check_provider_options(
+            provider,
+            {
+                "api_key": api_key,
+                "base_url": base_url,
+                "aws_region": aws_region,
+                "aws_access_key": aws_access_key,
+                "aws_secret_key": aws_secret_key,
+                "aws_session_token": aws_session_token,
+                "aws_profile": aws_profile,
+                "project_id": project_id,
+                "region": region,
+                "access_token": access_token,
+            },
+        )
+        self.name = provider
         self.model = model
-        self.base_url = base_url or os.environ.get(BASE_URL_ENV) or None
-        self._client = anthropic.AsyncAnthropic(
-            api_key=key,
-            base_url=self.base_url,
-            max_retries=max_retries,
-            timeout=httpx2.Timeout(timeout, connect=min(timeout, 5.0)),
-            middleware=[_record_attempt],
-            _strict_response_validation=strict_validation,
-            open_telemetry=_sdk_telemetry(),
+        common: dict[str, Any] = {
+            "max_retries": max_retries,
+            "timeout": httpx2.Timeout(timeout, connect=min(timeout, 5.0)),
+            "middleware": [_record_attempt],
+            "_strict_response_validation": strict_validation,
+            "open_telemetry": _sdk_telemetry(),
+        }
+        # Errors raised while signing or fetching a token (before anything is sent), per provider:
+        # (credentials missing or refused -> ModelConfigError, could not reach the credentials source).
+        self._auth_errors: tuple[type[BaseException], ...] = ()
+        self._auth_unreachable: tuple[type[BaseException], ...] = ()
+        self._extra_body: dict[str, str] | None = None
+        self._client: _Client
+        if provider == "bedrock":
+            self._client = self._bedrock(
+                common, aws_region, aws_access_key, aws_secret_key, aws_session_token, aws_profile, api_key, base_url
+            )
+        elif provider == "vertex":
+            self._client = self._vertex(common, project_id, region, access_token, base_url)
+        else:
+            key = api_key or os.environ.get(API_KEY_ENV)
+            if not key:
+                raise ModelConfigError(
+                    f"no Anthropic API key: set {API_KEY_ENV} or pass api_key= (or use the offline 'demo' model)"
+                )
+            self._client = anthropic.AsyncAnthropic(
+                api_key=key, base_url=base_url or os.environ.get(BASE_URL_ENV) or None, **common
+            )
+        if provider != "anthropic":
+            self._extra_body = {"anthropic_version": BODY_VERSIONS[provider]}
+        self.base_url = str(self._client.base_url).rstrip("/")
+
+    def _bedrock(
+        self,
+        common: dict[str, Any],
+        aws_region: str | None,
+        aws_access_key: str | None,
+        aws_secret_key: str | None,
+        aws_session_token: str | None,
+        aws_profile: str | None,
+        api_key: str | None,
+        base_url: str | None,
+    ) -> anthropic.AsyncAnthropicBedrock:
+        errors = _botocore_errors()
+        if (aws_access_key is None) != (aws_secret_key is None):
+            missing = "aws_secret_key" if aws_secret_key is None else "aws_access_key"
+            raise ModelConfigError(f"Bedrock: aws_access_key and aws_secret_key go together; {missing} is missing")
+        region = aws_region_for(aws_region, aws_profile)
+        # The SDK raises RuntimeError when boto3's chain finds no credentials at signing time.
+        self._auth_errors = (errors.BotoCoreError, RuntimeError)
+        self._auth_unreachable = (errors.ConnectionError, errors.HTTPClientError)
+        try:
+            return anthropic.AsyncAnthropicBedrock(
+                aws_region=region,
+                aws_access_key=aws_access_key,
+                aws_secret_key=aws_secret_key,
+                aws_session_token=aws_session_token,
+                aws_profile=aws_profile,
+                # A Bedrock API key (sent as a bearer token instead of SigV4); the SDK also reads
+                # AWS_BEARER_TOKEN_BEDROCK.
+                api_key=api_key,
+                base_url=base_url,
+                **common,
+            )
+        except ValueError as err:  # both a Bedrock API key and AWS credentials
+            raise ModelConfigError(f"Bedrock: {err}") from err
+
+    def _vertex(
+        self,
+        common: dict[str, Any],
+        project_id: str | None,
+        region: str | None,
+        access_token: str | None,
+        base_url: str | None,
+    ) -> anthropic.AsyncAnthropicVertex:
+        import google.auth.exceptions
+
+        region = region or os.environ.get(VERTEX_REGION_ENV)
+        if not region:
+            raise ModelConfigError(
+                f"no Google Cloud region for Vertex AI: set region (the models file's region) or {VERTEX_REGION_ENV}"
+            )
+        project = project_id or _first_env(VERTEX_PROJECT_ENVS)
+        if not project:
+            raise ModelConfigError(
+                "no Google Cloud project for Vertex AI: set project_id (the models file's project_id), "
+                f"{' or '.join(VERTEX_PROJECT_ENVS)}"
+            )
+        # The SDK raises RuntimeError when the default credentials yield no token.
+        self._auth_errors = (google.auth.exceptions.GoogleAuthError, RuntimeError)
+        self._auth_unreachable = (google.auth.exceptions.TransportError,)
+        return anthropic.AsyncAnthropicVertex(
+            region=region, project_id=project, access_token=access_token, base_url=base_url, **common
         )
 
     def __repr__(self) -> str:
-        return f"AnthropicModel(model={self.model!r}, base_url={self.base_url!r})"
+        return f"AnthropicModel(model={self.model!r}, provider={self.name!r}, base_url={self.base_url!r})"
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         check_tool_pairing(request.messages)
         names = tool_name_map(request)
         params = build_params(request, self.model, names)
+        if self._extra_body is not None:
+            params["extra_body"] = self._extra_body
         attempts = _Attempts()
         token = _ATTEMPTS.set(attempts)
         try:
             message = await self._client.messages.create(**params)
         except anthropic.AnthropicError as err:
             raise map_error(err, attempts.maybe_billed) from err
+        except self._auth_errors as err:  # before ValueError: some google-auth errors are ValueErrors too
+            raise self._auth_failure(err, attempts.maybe_billed) from err
         except ValueError as err:  # a 2xx body that is not JSON, or not a Message (JSONDecodeError...)
             raise RetryableModelError(f"the provider's response could not be parsed: {err}", maybe_spent=True) from err
         finally:
             _ATTEMPTS.reset(token)
-        response = to_response(message, names, self.model)
+        response = to_response(message, names, self.model, attempts.request_id)
         info = attempts.rate_limit()
         return response if info is None else response.model_copy(update={"rate_limit": info})
+
+    def _auth_failure(self, err: BaseException, maybe_billed: bool) -> ModelError:
+        """Signing (Bedrock) or getting a token (Vertex) failed, so this attempt was not sent."""
+        if isinstance(err, self._auth_unreachable):
+            return ModelConnectionError(f"could not reach the {self.name} credentials source: {err}")
+        hint = {
+            "bedrock": "AWS credentials come from aws_access_key/aws_secret_key, AWS_ACCESS_KEY_ID/"
+            "AWS_SECRET_ACCESS_KEY, aws_profile/AWS_PROFILE or the instance role",
+            "vertex": "Google credentials come from access_token or Application Default Credentials "
+            "(GOOGLE_APPLICATION_CREDENTIALS, gcloud auth application-default login, the attached service account)",
+        }.get(self.name, "")
+        return ModelConfigError(f"{self.name} credentials: {err} ({hint})", maybe_spent=maybe_billed)
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -55,6 +55,11 @@ class TerminalModelError(ModelError):
     """The request itself is wrong or not allowed (400/401/403/404/413/422...): retrying cannot help."""
 
 
+class ContextLengthError(TerminalModelError):
+    """The conversation no longer fits the model's context window: the provider refused it (a 400 such
+    as OpenAI's `context_length_exceeded`). Retrying the same request cannot help; a shorter one can."""
+
+
 class ModelTimeoutError(ModelError):
     """No answer arrived, but the request may have reached the provider: count it as spent."""
 

@@ -129,7 +129,7 @@ async def _ask(rt: Runtime, goal: GoalRecord, prompt: str, purpose: str) -> Form
     return await rt.within_budget(
         goal.id,
         ask_for_plan(
-            rt.model_for(goal.id),
+            rt.model_for(goal.id, "planner", goal.goal.model),
             system=SYSTEM,
             prompt=prompt,
             validate=validate,
@@ -181,7 +181,7 @@ async def _route(rt: Runtime, goal: GoalRecord, tools: list[ToolDef], catalog: l
     return await rt.within_budget(
         goal.id,
         ask_routed(
-            rt.model_for(goal.id),
+            rt.model_for(goal.id, "planner", goal.goal.model),
             system=SYSTEM,
             prompt=route_prompt(goal.goal, rt.limits.max_plan_tasks),
             tools=tools,

@@ -40,6 +40,7 @@ from bus.approvals import AlreadyDecided
 from bus.client import Client, GoalStatus, WaitTimeout
 from bus.connection import EmbeddedRedisError, RedisRefused, RedisTimeout, RedisUnavailable
 from bus.keys import ROLES
+from bus.ledger import LedgerNotFound
 from bus.schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, GoalState
 from bus.store import AlreadyExists, CorruptRecord, IllegalTransition, NotFound
 from bus.tenants import TenantView
@@ -286,6 +287,23 @@ CheckOpt = Annotated[
 ]
 
 
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", help="a model alias of TASKLOOM_MODELS_FILE for every role of this goal"),
+]
+
+
+def _model_choice(raw: dict[str, Any], model: str | None, settings: Settings) -> None:
+    """--model must name an alias of the models file (the workers read the same file)."""
+    if model is None:
+        return
+    aliases = settings.catalog().aliases
+    if model not in aliases:
+        known = ", ".join(sorted(aliases)) if aliases else "none: set TASKLOOM_MODELS_FILE"
+        _fail(EXIT_INVALID, f"--model: {model!r} is no model alias of the models file (aliases: {known})")
+    raw["model"] = model
+
+
 def _review_and_check(raw: dict[str, Any], review: str | None, check: str | None) -> None:
     """--review and --check into the goal (validated with it); a --check that is not JSON exits 2."""
     if review is not None:
@@ -309,6 +327,7 @@ def submit(
     deadline: Annotated[str | None, typer.Option(help="ISO 8601 time with zone, e.g. 2026-10-13T18:00Z")] = None,
     review: ReviewOpt = None,
     check: CheckOpt = None,
+    model: ModelOpt = None,
     goal_id: Annotated[
         str | None,
         typer.Option("--id", help="your own goal id (makes re-submitting safe)", callback=_goal_id_option),
@@ -338,12 +357,13 @@ def submit(
         except ValueError:
             _fail(EXIT_INVALID, f"invalid goal: deadline: expected an ISO 8601 time, got {deadline!r}")
     _review_and_check(raw, review, check)
+    settings = _settings()
+    _model_choice(raw, model, settings)
     # Validate before touching Redis, so an invalid goal stores nothing and needs no server.
     try:
         goal = Goal.model_validate(raw)
     except ValidationError as exc:
         _fail(EXIT_INVALID, _validation_message(exc))
-    settings = _settings()
     if tool:
         _check_tools(tool, settings)
     gid = _with_client(lambda c: c.submit(goal, goal_id=goal_id), settings)
@@ -372,30 +392,42 @@ def _check_tools(names: list[str], settings: Settings) -> None:
         _fail(EXIT_INVALID, f"--tool: unknown tool {listed}; expected one of: {', '.join(known) or '(none loaded)'}")
 
 
-def _status_json(s: GoalStatus, approvals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _status_json(
+    s: GoalStatus, approvals: dict[str, dict[str, Any]], served: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
         **s.goal.model_dump(mode="json"),
         "plan": s.plan.model_dump(mode="json") if s.plan else None,
         "tasks": [t.model_dump(mode="json") for t in s.tasks],
         "awaiting_approval": [{"call_id": cid, **req} for cid, req in approvals.items()],
+        "models": served or {},
     }
 
 
 @app.command()
 def status(goal_id: str, as_json: JsonOpt = False) -> None:
-    """Show a goal: its state, answer, plan version, every task's state and the calls awaiting approval."""
+    """Show a goal: its state, answer, plan version, every task's state, the model each role's calls
+    went to, and the calls awaiting approval."""
 
-    async def go(c: Client) -> tuple[GoalStatus, dict[str, dict[str, Any]]]:
-        return await c.status(goal_id), await c.approvals(goal_id)
+    async def go(c: Client) -> tuple[GoalStatus, dict[str, dict[str, Any]], dict[str, str]]:
+        s, approvals = await c.status(goal_id), await c.approvals(goal_id)
+        try:
+            served = (await c.ledger.snapshot(goal_id)).served_by
+        except LedgerNotFound:
+            served = {}
+        return s, approvals, served
 
-    s, approvals = _with_client(go)
+    s, approvals, served = _with_client(go)
     if as_json:
-        _print_json(_status_json(s, approvals))
+        _print_json(_status_json(s, approvals, served))
         return
     g = s.goal
     show((g.id, "bold"), "  ", (g.state.value, "cyan"), f"  budget {g.budget_tokens:,} tokens  plan v{g.plan_version}")
     show("goal: ", g.goal.text)
     show("review: ", g.goal.review + ("  (machine check)" if g.goal.check is not None else ""))
+    if g.goal.model or served:
+        roles = "  ".join(f"{role} {served[role]}" for role in ROLES if role in served)
+        show("models: ", (f"goal asks for {g.goal.model}  " if g.goal.model else "") + (roles or "no call yet"))
     if g.reason:
         show("reason: ", g.reason)
     if trace_id_of(g.traceparent):
@@ -750,6 +782,7 @@ def run(
     local: Annotated[bool, typer.Option(help="run planner, executor and critic in this process")] = False,
     review: ReviewOpt = None,
     check: CheckOpt = None,
+    model: ModelOpt = None,
     timeout: Annotated[
         float | None, typer.Option(help="stop watching after this many seconds (exit 4)", callback=_seconds)
     ] = None,
@@ -760,21 +793,40 @@ def run(
     if budget is not None:
         raw["budget_tokens"] = budget
     _review_and_check(raw, review, check)
+    settings = _settings()
+    _model_choice(raw, model, settings)
     try:
         goal = Goal.model_validate(raw)
     except ValidationError as exc:
         _fail(EXIT_INVALID, _validation_message(exc))
-    _run(goal, _settings(), local, as_json, timeout)
+    _run(goal, settings, local, as_json, timeout)
 
 
 @app.command()
 def demo(
     as_json: JsonOpt = False,
     timeout: Annotated[float, typer.Option(help="give up after this many seconds (exit 4)", callback=_seconds)] = 120,
+    model: Annotated[
+        str | None, typer.Option("--model", help="run the same goal on this model (an alias, or a claude-... id)")
+    ] = None,
 ) -> None:
     """The whole system on this machine, no set-up: embedded Redis, the offline demo model, the
     support-desk toolkit, all workers in this process, on a refund question over three orders."""
-    settings = _settings().model_copy(update={"model": "demo", "tools": ""})
+    settings = _settings()
+    if model is not None and not settings.catalog().known(model):
+        aliases = ", ".join(sorted(settings.catalog().aliases)) or "none: set TASKLOOM_MODELS_FILE"
+        _fail(EXIT_INVALID, f"--model: expected a models-file alias ({aliases}) or a claude-... id; got {model!r}")
+    # Every role on one model (the demo's by default, whatever the environment says), with the
+    # support-desk toolkit the goal is about.
+    settings = settings.model_copy(
+        update={
+            "model": model or "demo",
+            "planner_model": None,
+            "executor_model": None,
+            "critic_model": None,
+            "tools": "" if model in (None, "demo") else "executor.demo_tools:support",
+        }
+    )
     goal = Goal(text=DEMO_GOAL, definition_of_done=DEMO_DOD, budget_tokens=100_000)
     _run(goal, settings, True, as_json, timeout)
 
@@ -970,6 +1022,63 @@ def tools(as_json: JsonOpt = False) -> None:
         flags = [f for f in ("read_only", "side_effects", "requires_approval") if row[f]]
         timeout = row["timeout"] or settings.tool_timeout
         table.add_row(row["name"], row["origin"], ", ".join(flags) or "-", f"{timeout:g} s")
+    out.print(table)
+
+
+@app.command()
+def models(as_json: JsonOpt = False) -> None:
+    """List the models a worker would use: each role's model and fallback chain, every alias of
+    TASKLOOM_MODELS_FILE with its provider, key variable (set or missing), prices and limits."""
+    from bus.prices import PriceTable
+
+    settings = _settings()
+    catalog = settings.catalog()
+    prices = PriceTable(settings.all_prices())
+    limits = settings.all_rate_limits()
+    names = sorted({*catalog.aliases, *(n for n in settings.role_models().values())})
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        config = catalog.config(name)
+        alias = catalog.aliases.get(name)
+        key_env = config.key_env()
+        price = prices.price(config.model)
+        limit = limits.get(config.model)
+        rows.append(
+            {
+                "name": name,
+                "provider": config.provider,
+                "model": config.model,
+                "base_url": config.base_url or config.azure_endpoint,
+                "key_env": key_env,
+                "key_set": None if key_env is None else bool(os.environ.get(key_env)),
+                "price": price.model_dump() if price is not None else None,
+                "price_source": prices.source(config.model),
+                "context_window": alias.context_window if alias is not None else None,
+                "rate_limit": limit.model_dump() if limit is not None else None,
+                "chain": catalog.chain(name),
+                "roles": [r for r, m in settings.role_models().items() if r is not None and m == name],
+            }
+        )
+    if as_json:
+        _print_json({"roles": {r: m for r, m in settings.role_models().items() if r is not None}, "models": rows})
+        return
+    table = Table("model", "provider / id", "key", "USD per MTok (in/out/cache r/w)", "limits", "fallbacks", "roles")
+    for row in rows:
+        key = "-" if row["key_env"] is None else f"{row['key_env']} ({'set' if row['key_set'] else 'MISSING'})"
+        p = row["price"]
+        price_text = (
+            "unpriced" if p is None else f"{p['input']:g}/{p['output']:g}/{p['cache_read']:g}/{p['cache_write']:g}"
+        )
+        if p is not None:
+            price_text += f" ({row['price_source']})"
+        lim = row["rate_limit"]
+        limit_text = "-" if lim is None else f"{lim['rpm']} rpm, {lim['input_tpm']}/{lim['output_tpm']} tpm"
+        if row["context_window"]:
+            limit_text += f"; {row['context_window']} ctx"
+        table.add_row(
+            row["name"], f"{row['provider']} / {row['model']}", key, price_text, limit_text,
+            " -> ".join(row["chain"][1:]) or "-", ", ".join(row["roles"]) or "-",
+        )
     out.print(table)
 
 

@@ -114,6 +114,18 @@ BUDGET_REFUSALS = Counter(
     ["model"],
     registry=REGISTRY,
 )
+MODEL_FAILOVERS = Counter(
+    "taskloom_model_failovers",
+    "Model calls moved to the next model of their chain after a retryable failure",
+    ["from_model", "to_model", "cause"],
+    registry=REGISTRY,
+)
+BREAKER_OPENINGS = Counter(
+    "taskloom_model_breaker_openings",
+    "Times a model's fleet-wide circuit breaker opened (every worker skips it for a cool-down)",
+    ["model"],
+    registry=REGISTRY,
+)
 TOOL_CALLS = Counter("taskloom_tool_calls", "Tool calls by tool and outcome", ["tool", "outcome"], registry=REGISTRY)
 TOOL_DURATION = Histogram(
     "taskloom_tool_call_duration_seconds", "Duration of tool calls", ["tool"], buckets=_SLOW, registry=REGISTRY
@@ -176,6 +188,12 @@ class PrometheusObserver(Observer):
 
     def budget_refused(self, model: str) -> None:
         BUDGET_REFUSALS.labels(model).inc()
+
+    def model_failover(self, from_model: str, to_model: str, cause: str) -> None:
+        MODEL_FAILOVERS.labels(from_model, to_model, cause).inc()
+
+    def breaker_opened(self, model: str) -> None:
+        BREAKER_OPENINGS.labels(model).inc()
 
     def rate_limit_wait(self, bucket: str, seconds: float) -> None:
         RATE_LIMIT_WAIT.labels(bucket).observe(seconds)

@@ -27,7 +27,7 @@ from llm.port import ModelPort
 from . import health
 from .settings import Settings
 from .terminal import clean, line
-from .workers import keys_for, load_tools, make_inner_model, run_workers
+from .workers import close_models, keys_for, load_tools, make_models, run_workers
 
 # Seconds between checks that every role has a live worker, while a goal is followed.
 WORKER_CHECK_EVERY = 5.0
@@ -129,10 +129,11 @@ async def preflight(settings: Settings) -> None:
     """What `taskloom worker` would refuse at start-up, checked before a `--local` run submits anything:
     the toolkits import and the model can be built (raises `ToolLoadError` / `ModelConfigError`)."""
     load_tools(settings)
-    model = make_inner_model(settings)
-    close = getattr(model, "aclose", None)
-    if close is not None:
-        await close()
+    models = make_models(settings)
+    try:
+        models.start()
+    finally:
+        await close_models(models)
 
 
 async def run_goal(

@@ -20,14 +20,16 @@ from urllib.parse import urlsplit
 
 import platformdirs
 import pydantic_settings
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bus.keys import Keys
-from bus.ledger import ModelPrice
+from bus.prices import ModelPrice
 from bus.ratelimit import RateLimit, load_rate_limits
 from bus.runtime import Limits
 from bus.schemas import MAX_BUDGET_TOKENS
+
+from .models import ModelCatalog, load_models_file
 
 ENV_PREFIX = "TASKLOOM_"
 # `TASKLOOM_*` variables that are read elsewhere, not settings: not reported as unknown.
@@ -87,7 +89,13 @@ class Settings(Limits, BaseSettings):
 
     # Capped like a goal's own budget (`Goal.budget_tokens`), so the default never exceeds what --budget accepts.
     default_budget_tokens: int = Field(default=200_000, gt=0, le=MAX_BUDGET_TOKENS)
-    model: str = Field(default="demo", min_length=1, description="Claude model id, or 'demo'")
+    model: str = Field(default="demo", min_length=1, description="a models-file alias, a Claude model id, or 'demo'")
+    # Models named by alias (taskloom.models): provider, model id, key variable, prices, limits, fallbacks.
+    models_file: Path | None = Field(default=None, description="TOML or JSON file of model aliases")
+    # A model per role (an alias, a Claude id or 'demo'); unset: TASKLOOM_MODEL.
+    planner_model: str | None = Field(default=None, min_length=1, description="the planner's model")
+    executor_model: str | None = Field(default=None, min_length=1, description="the executors' model")
+    critic_model: str | None = Field(default=None, min_length=1, description="the critic's model")
     events_maxlen: int = Field(default=10_000, ge=100, description="approximate cap of each event stream")
     tools: str = Field(default="", description="comma-separated module:attribute toolkits")
     # A JSON file of MCP servers whose tools join the catalog (`executor.sources.mcp`).
@@ -120,6 +128,11 @@ class Settings(Limits, BaseSettings):
     # Degrade instead of dying (bus.metered.Degrade): past `degrade_at` of a goal's (or its tenant's)
     # budget, later calls go to the fallback model.
     fallback_model: str | None = Field(default=None, min_length=1, description="cheaper model past degrade_at")
+    # Failover (the models file's `fallbacks`): a model failing this often within the window is
+    # skipped by every worker for the cool-down, then one call probes it (bus.breaker).
+    breaker_failures: int = Field(default=5, ge=1, le=1000, description="failures that open a model's breaker")
+    breaker_window: float = Field(default=60, gt=0, le=3600, description="seconds the failures are counted over")
+    breaker_cooldown: float = Field(default=30, gt=0, le=3600, description="seconds a failing model is skipped")
     degrade_at: float = Field(default=0.8, gt=0, le=1, description="spent fraction that switches to the fallback")
 
     # Operations (deploy/, docs/operations.md). The metrics endpoint is opt-in: unset = no HTTP server.
@@ -191,12 +204,44 @@ class Settings(Limits, BaseSettings):
                 raise ValueError(f"must differ from {ENV_PREFIX}{other.upper()} (both are {v!r}): one queue per role")
         return v
 
-    @field_validator("model")
+    @field_validator("models_file", "planner_model", "executor_model", "critic_model", mode="before")
     @classmethod
-    def _check_model(cls, v: str) -> str:
-        if v != "demo" and not v.startswith("claude-"):
-            raise ValueError("expected 'demo' (the offline model) or a Claude model id such as claude-sonnet-4-5")
+    def _empty_is_none(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("models_file")
+    @classmethod
+    def _models_file_parses(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            load_models_file(v)  # raises naming the file and what is wrong
         return v
+
+    @model_validator(mode="after")
+    def _models_known(self) -> Settings:
+        catalog = self.catalog()
+        for name in ("model", "planner_model", "executor_model", "critic_model", "fallback_model"):
+            value = getattr(self, name)
+            if value is not None and not catalog.known(value):
+                aliases = ", ".join(sorted(catalog.aliases))
+                where = f"an alias of {ENV_PREFIX}MODELS_FILE ({aliases})" if aliases else "an alias of a models file"
+                raise ValueError(
+                    f"{ENV_PREFIX}{name.upper()}: expected 'demo' (the offline model), a Claude model id such as "
+                    f"claude-sonnet-4-5, or {where}; got {value!r}"
+                )
+        return self
+
+    def catalog(self) -> ModelCatalog:
+        """The models this deployment knows (the models file's aliases, demo, claude-... ids)."""
+        return ModelCatalog(load_models_file(self.models_file) if self.models_file is not None else None)
+
+    def role_models(self) -> dict[str | None, str]:
+        """The model name each role uses (None: a caller with no role)."""
+        return {
+            None: self.model,
+            "planner": self.planner_model or self.model,
+            "executor": self.executor_model or self.model,
+            "critic": self.critic_model or self.model,
+        }
 
     @field_validator("prices", mode="before")
     @classmethod
@@ -241,8 +286,13 @@ class Settings(Limits, BaseSettings):
         return v
 
     def all_rate_limits(self) -> dict[str, RateLimit]:
-        """The file's limits, overridden per model by TASKLOOM_RATE_LIMITS."""
-        return {**load_rate_limits(None, self.rate_limits_file), **self.rate_limits}
+        """The models file's limits, then the rate limits file's, then TASKLOOM_RATE_LIMITS (each wins
+        over the one before, per model)."""
+        return {**self.catalog().rate_limits(), **load_rate_limits(None, self.rate_limits_file), **self.rate_limits}
+
+    def all_prices(self) -> dict[str, ModelPrice]:
+        """The models file's prices, overridden per model by TASKLOOM_PRICES (both over genai-prices)."""
+        return {**self.catalog().prices(), **self.prices}
 
     @field_validator("metrics_port", mode="before")
     @classmethod
@@ -295,6 +345,8 @@ def _shown(value: Any) -> str:
 
 def _describe(err: Mapping[str, Any]) -> str:
     loc = [str(p) for p in err["loc"]]
+    if not loc:  # a check across settings: its message names the variables
+        return str(err["msg"]).removeprefix("Value error, ")
     variable = f"{ENV_PREFIX}{loc[0].upper()}" if loc else "configuration"
     inner = ".".join(loc[1:])
     message = str(err["msg"]).removeprefix("Value error, ")

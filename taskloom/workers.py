@@ -38,13 +38,15 @@ import critic.handlers as critic
 import executor.handlers as executor
 import planner.handlers as planner
 from bus import fleet
+from bus.breaker import Breaker, BreakerPolicy
 from bus.connection import connect
 from bus.events import EventLog
 from bus.jobs import JobPayload, parse_payload
 from bus.keys import ROLES
-from bus.ledger import Ledger, PriceTable
+from bus.ledger import Ledger
 from bus.metered import Degrade, ModelFactory
 from bus.observe import Observer, install, observe
+from bus.prices import PriceTable
 from bus.ratelimit import RateLimiter
 from bus.retry import (
     GiveUp,
@@ -65,13 +67,14 @@ from executor.registry import ToolLoadError, ToolRegistry, load_toolkits
 from executor.sources.base import ToolSource
 from executor.sources.catalog import Catalog, ToolCatalog
 from executor.sources.toolkit import ToolkitSource
-from llm import make_model
 from llm.cassette import RecordingModel
 from llm.errors import ModelError
 from llm.port import ModelPort
+from llm.providers import ModelConfig
 from planner.supervise import supervise
 
 from . import health, metrics
+from .models import ModelRouter, make_builder
 from .settings import Settings
 from .settings import keys_for as keys_for  # re-exported: callers import it from here
 from .tracing import configure as configure_tracing
@@ -121,15 +124,37 @@ def make_ledger(settings: Settings, redis: ArqRedis) -> Ledger:
         keys_for(settings),
         min_reservation=settings.ledger_min_reservation,
         reservation_ttl=settings.ledger_reservation_ttl,
-        prices=PriceTable(settings.prices),
+        prices=PriceTable(settings.all_prices()),
     )
 
 
+def make_models(settings: Settings) -> ModelRouter:
+    """Every model this process may call, by name (aliases of the models file, demo, claude-... ids),
+    built when first needed, and the route of each role. Every model records its calls to the
+    `TASKLOOM_RECORD` cassette when that is set."""
+    build = make_builder(settings.model_max_retries, settings.model_timeout)
+    record = settings.record
+
+    def built(config: ModelConfig, in_chain: bool) -> ModelPort:
+        model = build(config, in_chain)
+        return RecordingModel(model, record) if record is not None else model
+
+    return ModelRouter(settings.catalog(), settings.role_models(), built)
+
+
 def make_inner_model(settings: Settings) -> ModelPort:
-    """The configured model (raises `ModelConfigError` naming ANTHROPIC_API_KEY when it is missing),
-    recording every call to the `TASKLOOM_RECORD` cassette when that is set."""
-    model = make_model(settings.model, max_retries=settings.model_max_retries, timeout=settings.model_timeout)
-    return RecordingModel(model, settings.record) if settings.record is not None else model
+    """The configured `TASKLOOM_MODEL` (raises `ModelConfigError` naming the key's variable when it is
+    missing), recording every call to the `TASKLOOM_RECORD` cassette when that is set."""
+    return make_models(settings).model(settings.model)
+
+
+async def close_models(model: ModelPort | ModelRouter) -> None:
+    """Close every model's client (a router: each model it built)."""
+    for m in model.built() if isinstance(model, ModelRouter) else [model]:
+        close = getattr(m, "aclose", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
 
 
 def _job_function(role: str, name: str, handler: Handler) -> Function:
@@ -309,16 +334,22 @@ def worker_settings(
     }
 
 
-def build_runtime(settings: Settings, redis: ArqRedis, model: ModelPort, registry: ToolRegistry | Catalog) -> Runtime:
+def build_runtime(
+    settings: Settings, redis: ArqRedis, model: ModelPort | ModelRouter, registry: ToolRegistry | Catalog
+) -> Runtime:
+    """`model`: one model for every role and goal (tests), or the router of `make_models`."""
     ledger = make_ledger(settings, redis)
     keys = keys_for(settings)
     limits = settings.all_rate_limits()
     degrade = None
     if settings.fallback_model is not None:
-        fallback = make_model(
-            settings.fallback_model, max_retries=settings.model_max_retries, timeout=settings.model_timeout
-        )
-        degrade = Degrade(fallback, settings.degrade_at)
+        router = model if isinstance(model, ModelRouter) else make_models(settings)
+        degrade = Degrade(router.model(settings.fallback_model), settings.degrade_at)
+    breaker = Breaker(
+        redis,
+        keys,
+        BreakerPolicy(settings.breaker_failures, settings.breaker_window, settings.breaker_cooldown),
+    )
     factory = ModelFactory(
         model,
         ledger,
@@ -326,6 +357,7 @@ def build_runtime(settings: Settings, redis: ArqRedis, model: ModelPort, registr
         limiter=RateLimiter(redis, keys, limits) if limits else None,
         events=EventLog(redis, keys, settings.events_maxlen),
         degrade=degrade,
+        breaker=breaker,
     )
 
     return Runtime.build(
@@ -344,7 +376,7 @@ def build_workers(
     roles: Sequence[str],
     settings: Settings,
     redis: ArqRedis,
-    model: ModelPort,
+    model: ModelPort | ModelRouter,
     registry: ToolRegistry | Catalog,
     burst: bool = False,
     stopping: Callable[[], bool] | None = None,
@@ -392,7 +424,7 @@ async def run_workers(
     *,
     burst: bool = False,
     stop: asyncio.Event | None = None,
-    model: ModelPort | None = None,
+    model: ModelPort | ModelRouter | None = None,
     signals: bool = True,
 ) -> None:
     """Run the workers of `roles` in this process until `stop` is set, a signal arrives, or (burst) the queues drain.
@@ -407,7 +439,10 @@ async def run_workers(
             traced = configure_tracing(settings, roles)
             catalog = load_tools(settings, with_mcp=bool({"planner", "executor"} & set(roles)))
             owned = model is None
-            model = model or make_inner_model(settings)
+            if model is None:
+                model = make_models(settings)
+                # The routes of this process's roles are built now: a missing key stops start-up.
+                model.start(roles)
             if settings.metrics_port is not None and not burst:
                 metrics_server = metrics.serve(settings.metrics_port, settings.metrics_addr)
                 previous_observer = install(metrics.PrometheusObserver())
@@ -422,10 +457,8 @@ async def run_workers(
                 metrics_server.close()
             if previous_observer is not None:
                 install(previous_observer)
-            close = getattr(model, "aclose", None) if owned else None
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    await close()
+            if owned and model is not None:
+                await close_models(model)
 
 
 @contextlib.contextmanager
@@ -449,7 +482,7 @@ async def _run_fleet(
     roles: Sequence[str],
     settings: Settings,
     redis: ArqRedis,
-    model: ModelPort,
+    model: ModelPort | ModelRouter,
     catalog: Catalog,
     burst: bool,
     stop: asyncio.Event,

@@ -23,13 +23,12 @@ from bus.ledger import (
     BudgetExhausted,
     Ledger,
     LedgerNotFound,
-    ModelPrice,
     PoolRef,
-    PriceTable,
     Reservation,
     clamp_output,
     ledger_keys,
 )
+from bus.prices import ModelPrice, PriceTable
 from bus.retry import TroubleClock
 from bus.store import NotFound
 from llm.types import Usage
@@ -63,7 +62,12 @@ def test_clamp_output_table(
 @pytest.mark.parametrize(
     ("model", "usage", "expected"),
     [
-        ("claude-sonnet-4-5-20250929", Usage(input_tokens=1_000_000), 3_000_000),
+        ("claude-sonnet-4-5-20250929", Usage(input_tokens=100_000), 300_000),
+        # Past 200k input tokens Sonnet 4.5 costs its higher tier (genai-prices lists both).
+        ("claude-sonnet-4-5-20250929", Usage(input_tokens=1_000_000), 6_000_000),
+        ("us.anthropic.claude-sonnet-4-5-20250929-v1:0", Usage(input_tokens=1000), 3_000),  # Bedrock's id
+        ("claude-sonnet-4-5@20250929", Usage(input_tokens=1000), 3_000),  # Vertex's id
+        ("gpt-4o-mini", Usage(input_tokens=1000, cache_read_tokens=1000, output_tokens=1000), 150 + 75 + 600),
         ("claude-sonnet-4-5", Usage(output_tokens=1000, cache_read_tokens=1000), 15_000 + 300),
         ("claude-opus-4-5-20251101", Usage(input_tokens=1000), 5_000),  # not the older opus-4 price
         ("claude-opus-4-1", Usage(input_tokens=1000), 15_000),
@@ -74,7 +78,8 @@ def test_clamp_output_table(
     ],
 )
 def test_price_table(model: str | None, usage: Usage, expected: int | None) -> None:
-    """Costs are integer micro-USD from the longest matching model prefix; unknown models have none."""
+    """Costs are integer micro-USD from genai-prices' database (tier by input size, Bedrock and Vertex ids
+    included); unknown models have none."""
     assert PriceTable().cost(model, usage) == expected
 
 
@@ -83,8 +88,17 @@ def test_price_overrides_and_forfeit_prices() -> None:
     input at its dearest rate (here the cache-write rate)."""
     table = PriceTable({"claude-sonnet-4": ModelPrice(input=2.5, output=10, cache_read=0.25, cache_write=3)})
     assert table.per_mtok_micro("claude-sonnet-4-5") == (3_000_000, 10_000_000)
+    assert table.source("claude-sonnet-4-5") == "configured"
     assert table.per_mtok_micro("claude-3-5-haiku") == (1_000_000, 4_000_000)
+    assert table.source("claude-3-5-haiku") == "genai-prices"
+    # A tiered model's worst case is the tier its input reaches, the highest without an estimate
+    # (Sonnet 4.5 past 200k input: 7.5 cache write, 22.5 out).
+    assert table.per_mtok_micro("claude-sonnet-4-5-20250929") == (3_000_000, 10_000_000)
+    assert PriceTable().per_mtok_micro("claude-sonnet-4-5-20250929") == (7_500_000, 22_500_000)
+    assert PriceTable().per_mtok_micro("claude-sonnet-4-5-20250929", 10_000) == (3_750_000, 15_000_000)
     assert table.per_mtok_micro("nope") == (0, 0)
+    assert table.source("nope") is None
+    assert PriceTable(library=False).price("claude-3-5-haiku") is None
 
 
 # -- the books ------------------------------------------------------------------------------------

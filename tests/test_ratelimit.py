@@ -13,8 +13,9 @@ from arq.connections import ArqRedis
 
 from bus.events import EventLog
 from bus.keys import Keys
-from bus.ledger import Ledger, ModelPrice, PriceTable
+from bus.ledger import Ledger
 from bus.metered import Degrade, MeteredModel
+from bus.prices import ModelPrice, PriceTable
 from bus.ratelimit import RateLimit, RateLimiter, RateLimitTable, load_rate_limits
 from llm.anthropic import AnthropicModel
 from llm.errors import RetryableModelError

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from bus.keys import Keys
-from bus.ledger import BudgetExhausted, Ledger, ModelPrice, PriceTable
+from bus.ledger import BudgetExhausted, Ledger
+from bus.prices import ModelPrice, PriceTable
 from bus.schemas import Goal
 from bus.tenants import TenantBusy, Tenants, period_label
 from llm.types import Usage

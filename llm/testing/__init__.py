@@ -1,4 +1,5 @@
-"""Test support shipped with `llm`: a fake Anthropic Messages API server and a network guard.
+"""Test support shipped with `llm`: fake Anthropic Messages and OpenAI Chat Completions servers, and a
+network guard.
 
 A fake, not a mock: the real SDK talks HTTP to it, so tests exercise the same code as production.
 """
@@ -8,8 +9,22 @@ from llm.testing.guard import (
     blocked_attempts,
     clear_anthropic_env,
     clear_blocked_attempts,
+    clear_openai_env,
     install_network_guard,
     uninstall_network_guard,
+)
+from llm.testing.openai_server import FakeOpenAIServer
+from llm.testing.openai_wire import (
+    OpenAIReply,
+    ToolCall,
+    context_length_exceeded,
+    openai_error_body,
+    openai_rate_limited,
+    openai_reply_from_response,
+    openai_request_from_wire,
+    openai_responder_from_model,
+    openai_text_reply,
+    openai_tool_reply,
 )
 from llm.testing.script import (
     Failure,
@@ -29,17 +44,29 @@ from llm.testing.wire import content_text, reply_from_response, request_from_wir
 __all__ = [
     "Failure",
     "FakeAnthropicServer",
+    "FakeOpenAIServer",
     "NetworkBlockedError",
+    "OpenAIReply",
     "RecordedRequest",
     "Reply",
     "Script",
+    "ToolCall",
     "blocked_attempts",
     "clear_anthropic_env",
     "clear_blocked_attempts",
+    "clear_openai_env",
     "content_text",
+    "context_length_exceeded",
     "error_body",
     "install_network_guard",
     "malformed",
+    "openai_error_body",
+    "openai_rate_limited",
+    "openai_reply_from_response",
+    "openai_request_from_wire",
+    "openai_responder_from_model",
+    "openai_text_reply",
+    "openai_tool_reply",
     "overloaded",
     "rate_limited",
     "reply_from_response",

@@ -123,3 +123,14 @@ def clear_anthropic_env(environ: Any = None) -> list[str]:
     for name in names:
         del env[name]
     return names
+
+
+def clear_openai_env(environ: Any = None) -> list[str]:
+    """Remove every `OPENAI_*` and `AZURE_OPENAI_*` variable (keys, base URL, organisation, API
+    version) from `environ` (default `os.environ`), which the OpenAI SDK would otherwise read.
+    Returns the names removed, never their values."""
+    env = os.environ if environ is None else environ
+    names = sorted(name for name in env if name.startswith(("OPENAI_", "AZURE_OPENAI_")))
+    for name in names:
+        del env[name]
+    return names

@@ -8,6 +8,18 @@ required fields, tool names, tool_use/tool_result pairing, at most 4 cache_contr
 otherwise) and answered by, in order: the next enqueued script item, the `respond_with` function, or a
 500 saying nothing was scripted. Replies are streamed as SSE when the body says `"stream": true`.
 Every response carries a `request-id` header.
+
+The same Messages endpoint is also served as AWS Bedrock and Google Vertex AI expose it (same scripts,
+billing and validation; `RecordedRequest.platform` tells them apart):
+
+- Bedrock: `POST /model/{model_id}/invoke`. The model is in the URL, the body has no `model` and must
+  say `"anthropic_version": "bedrock-2023-05-31"`; auth is a SigV4 `Authorization: AWS4-HMAC-SHA256 ...`
+  (present, not verified) or a Bedrock API key (`Bearer`). Responses carry `x-amzn-requestid`, errors
+  are `{"message": ...}` with an `x-amzn-errortype` header. `invoke-with-response-stream` (AWS event
+  stream framing) is not served: a 404 says so.
+- Vertex: `POST /projects/{p}/locations/{r}/publishers/anthropic/models/{model}:rawPredict` (JSON) and
+  `:streamRawPredict` (SSE), body with `"anthropic_version": "vertex-2023-10-16"` and no `model`, auth
+  `Bearer`. No request-id header; error bodies carry a top-level `request_id`, as Vertex's do.
 """
 
 from __future__ import annotations
@@ -15,14 +27,16 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import threading
 import time
+import urllib.parse
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from llm.errors import ToolPairingError
 from llm.testing.script import Failure, Reply, Script, error_body
@@ -31,6 +45,48 @@ from llm.toolnames import VALID
 from llm.types import Usage
 
 DEFAULT_MODEL = "claude-fake-1"
+
+Platform = Literal["anthropic", "bedrock", "vertex"]
+# The body's `anthropic_version` each platform requires (the direct API takes a header instead).
+PLATFORM_VERSIONS: dict[Platform, str] = {"bedrock": "bedrock-2023-05-31", "vertex": "vertex-2023-10-16"}
+
+_BEDROCK_PATH = re.compile(r"^/model/(?P<model>[^/]+)/(?P<op>invoke|invoke-with-response-stream)$")
+_VERTEX_PATH = re.compile(
+    r"^(?:/v1)?/projects/[^/]+/locations/[^/]+/publishers/anthropic/models/(?P<model>[^/:]+):(?P<op>rawPredict|streamRawPredict)$"
+)
+# Bedrock's exception names by status, sent in `x-amzn-errortype` as Bedrock does.
+_BEDROCK_ERRORS = {
+    400: "ValidationException",
+    403: "AccessDeniedException",
+    404: "ResourceNotFoundException",
+    408: "ModelTimeoutException",
+    424: "ModelErrorException",
+    429: "ThrottlingException",
+    500: "InternalServerException",
+    503: "ServiceUnavailableException",
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which Messages endpoint a path is: its platform, the model named in the URL (Bedrock, Vertex)
+    and whether the path itself asks for a stream."""
+
+    platform: Platform
+    model: str | None = None
+    stream_path: bool = False
+
+
+def route(path: str) -> Route | None:
+    """The Messages endpoint `path` (no query) is, or None (count_tokens and unknown paths)."""
+    if path == "/v1/messages":
+        return Route("anthropic")
+    if match := _BEDROCK_PATH.match(path):
+        model = urllib.parse.unquote(match["model"])
+        return Route("bedrock", model, match["op"] == "invoke-with-response-stream")
+    if match := _VERTEX_PATH.match(path):
+        return Route("vertex", urllib.parse.unquote(match["model"]), match["op"] == "streamRawPredict")
+    return None
 
 
 @dataclass(frozen=True)
@@ -51,6 +107,21 @@ class RecordedRequest:
     @property
     def tool_names(self) -> list[str]:
         return [t["name"] for t in self.body.get("tools") or []]
+
+    @property
+    def platform(self) -> Platform | None:
+        """"anthropic", "bedrock" or "vertex" for a Messages request, by its path; None otherwise."""
+        found = route(self.path)
+        return found.platform if found is not None else None
+
+    @property
+    def model(self) -> str | None:
+        """The model asked for: in the URL (Bedrock, Vertex) or the body."""
+        found = route(self.path)
+        if found is not None and found.model is not None:
+            return found.model
+        value = self.body.get("model")
+        return value if isinstance(value, str) else None
 
 
 Responder = Callable[[RecordedRequest], Script]
@@ -221,7 +292,8 @@ class FakeAnthropicServer:
 
     @property
     def message_requests(self) -> list[RecordedRequest]:
-        return [r for r in self.requests if r.path == "/v1/messages"]
+        """The Messages requests (any platform), without count_tokens and unknown paths."""
+        return [r for r in self.requests if r.platform is not None]
 
     @property
     def billed(self) -> Usage:
@@ -324,6 +396,24 @@ def validate_messages_body(body: Mapping[str, Any]) -> str | None:
     return None
 
 
+def platform_body(found: Route, body: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The Messages API body a platform request stands for (model from the URL, no
+    `anthropic_version`), and the platform's 400 message when its own rules are broken."""
+    wire = dict(body)
+    if found.platform == "anthropic":
+        return wire, None
+    if "model" in wire:
+        return wire, "model: Extra inputs are not permitted (the model is named in the URL)"
+    expected = PLATFORM_VERSIONS[found.platform]
+    version = wire.pop("anthropic_version", None)
+    if version != expected:
+        return wire, f"anthropic_version: expected {expected!r}, got {version!r}"
+    wire["model"] = found.model
+    if found.platform == "vertex" and bool(wire.get("stream")) != found.stream_path:
+        return wire, "stream: use :streamRawPredict for a stream and :rawPredict otherwise"
+    return wire, None
+
+
 class _Handler(BaseHTTPRequestHandler):
     fake: FakeAnthropicServer  # set on the per-server subclass
     server_version = "FakeAnthropic/1"
@@ -340,18 +430,47 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing -------------------------------------------------------------------------------
 
+    platform: Platform = "anthropic"  # of the request being answered (set per request)
+
     def _send(self, status: int, payload: Any, request_id: str, headers: Mapping[str, str] | None = None) -> None:
         data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
-        self.send_header("request-id", request_id)
-        for name, value in (headers or {}).items():
+        for name, value in {**self._id_headers(request_id), **(headers or {})}.items():
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
+    def _id_headers(self, request_id: str) -> dict[str, str]:
+        """Where the platform says its request id: Vertex sends none in a header."""
+        if self.platform == "bedrock":
+            return {"x-amzn-requestid": request_id}
+        if self.platform == "vertex":
+            return {}
+        return {"request-id": request_id}
+
+    def _error(self, status: int, message: str, rid: str, headers: Mapping[str, str] | None = None) -> None:
+        """An error response shaped as the platform shapes its own."""
+        extra = {**self._error_headers(status), **(headers or {})}
+        body: dict[str, Any]
+        if self.platform == "bedrock":
+            body = {"message": message}
+        elif self.platform == "vertex":
+            body = {**error_body(status, message), "request_id": rid}
+        else:
+            body = error_body(status, message)
+        self._send(status, body, rid, extra)
+
+    def _error_headers(self, status: int) -> dict[str, str]:
+        """Bedrock names its exception in `x-amzn-errortype` on every error."""
+        if self.platform != "bedrock" or status < 400:
+            return {}
+        name = _BEDROCK_ERRORS.get(status, "InternalServerException" if status >= 500 else "ValidationException")
+        return {"x-amzn-errortype": f"{name}:http://internal.amazon.com/coral/com.amazon.bedrock/"}
+
     def do_GET(self) -> None:
+        self.platform = "anthropic"
         self._send(404, error_body(404, f"no route {self.path}"), "req_fake_get")
 
     def do_POST(self) -> None:
@@ -367,32 +486,55 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         recorded = self.fake._record("POST", path, headers, body)
         rid = recorded.request_id
+        found = route(path)
+        self.platform = found.platform if found is not None else "anthropic"
         try:
-            if not (headers.get("x-api-key") or headers.get("authorization", "").startswith("Bearer ")):
-                return self._send(401, error_body(401, "missing x-api-key or Authorization: Bearer"), rid)
-            if not headers.get("anthropic-version"):
-                return self._send(400, error_body(400, "anthropic-version: header is required"), rid)
+            problem = self._check_auth(headers)
+            if problem is not None:
+                return self._error(problem[0], problem[1], rid)
             if "_unparsed" in body:
-                return self._send(400, error_body(400, "the request body is not a JSON object"), rid)
+                return self._error(400, "the request body is not a JSON object", rid)
             if path == "/v1/messages/count_tokens":
                 return self._send(200, {"input_tokens": count_input_tokens(body)}, rid)
-            if path != "/v1/messages":
-                return self._send(404, error_body(404, f"no route {path}"), rid)
-            problem = validate_messages_body(body)
-            if problem is not None:
-                return self._send(400, error_body(400, problem), rid)
-            wait, limit_headers = self.fake._admit(body)
+            if found is None:
+                return self._error(404, f"no route {path}", rid)
+            if found.platform == "bedrock" and found.stream_path:
+                return self._error(404, "the fake server does not serve invoke-with-response-stream", rid)
+            wire, problem_text = platform_body(found, body)
+            if problem_text is None:
+                problem_text = validate_messages_body(wire)
+            if problem_text is not None:
+                return self._error(400, problem_text, rid)
+            wait, limit_headers = self.fake._admit(wire)
             if wait is not None:
                 headers_429 = {**limit_headers, "retry-after": str(max(1, math.ceil(wait)))}
-                return self._send(429, error_body(429, "rate limit exceeded"), rid, headers_429)
+                return self._error(429, "rate limit exceeded", rid, headers_429)
             self._limit_headers = limit_headers
             script = self.fake._next_script(recorded)
             if isinstance(script, Failure):
                 return self._fail(script, rid)
             key = self.fake._bill_key(recorded) if self.fake._bill_key is not None else None
-            return self._reply(script, body, rid, key, arrived=recorded.at)
+            return self._reply(script, wire, rid, key, arrived=recorded.at)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (timeout); what was billed stays billed
+
+    def _check_auth(self, headers: Mapping[str, str]) -> tuple[int, str] | None:
+        """(status, message) when the request lacks the platform's credentials or version header."""
+        authorization = headers.get("authorization", "")
+        if self.platform == "bedrock":
+            # SigV4 (not verified: the fake holds no secret) or a Bedrock API key.
+            if not authorization.startswith(("AWS4-HMAC-SHA256 ", "Bearer ")):
+                return 403, "Missing Authentication Token"
+            return None
+        if self.platform == "vertex":
+            if not authorization.startswith("Bearer "):
+                return 401, "Request is missing required authentication credential (Authorization: Bearer)"
+            return None
+        if not (headers.get("x-api-key") or authorization.startswith("Bearer ")):
+            return 401, "missing x-api-key or Authorization: Bearer"
+        if not headers.get("anthropic-version"):
+            return 400, "anthropic-version: header is required"
+        return None
 
     def _fail(self, failure: Failure, rid: str) -> None:
         self.fake._sleep(failure.delay)
@@ -400,8 +542,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.close()
             return
-        body: Any = failure.body if failure.body is not None else error_body(failure.status, "fake failure")
-        self._send(failure.status, body if isinstance(body, str) else dict(body), rid, failure.headers)
+        if failure.body is None:
+            return self._error(failure.status, "fake failure", rid, failure.headers)
+        body = failure.body
+        headers = {**self._error_headers(failure.status), **failure.headers}
+        self._send(failure.status, body if isinstance(body, str) else dict(body), rid, headers)
 
     def _reply(
         self, reply: Reply, body: Mapping[str, Any], rid: str, key: str | None = None, *, arrived: float | None = None
@@ -438,7 +583,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
-        self.send_header("request-id", rid)
+        for name, value in self._id_headers(rid).items():
+            self.send_header(name, value)
         self.send_header("connection", "close")
         self.end_headers()
         self.close_connection = True  # no content-length: the end of the body is the end of the connection

@@ -12,6 +12,7 @@ from llm.testing import (
     blocked_attempts,
     clear_anthropic_env,
     clear_blocked_attempts,
+    clear_openai_env,
     install_network_guard,
 )
 
@@ -20,14 +21,15 @@ TEST_KEY = "sk-ant-test-not-a-real-key"
 
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every llm test runs with the network guard on and no ANTHROPIC_* variables, and fails if it
+    """Every llm test runs with the network guard on and no ANTHROPIC_* / OPENAI_* variables, and fails if it
     tried to leave loopback (even if the code under test swallowed the error)."""
     install_network_guard()
     import os
 
-    for name in [n for n in os.environ if n.startswith("ANTHROPIC_")]:
+    for name in [n for n in os.environ if n.startswith(("ANTHROPIC_", "OPENAI_", "AZURE_OPENAI_"))]:
         monkeypatch.delenv(name)
     clear_anthropic_env()
+    clear_openai_env()
     clear_blocked_attempts()
     yield
     attempts = blocked_attempts()
