@@ -643,20 +643,22 @@ async def test_request_bodies_are_strictly_typed(api: Api, redis: ArqRedis, keys
         ({"text": "x", "deadline": "1760356800"}, "deadline"),
         ({"text": "x", "allowed_tools": [1]}, "allowed_tools.0"),
         ({"text": "x", "metadata": {"k": True}}, "metadata.k"),
+        ({"text": "x", "model": 5}, "model"),
     ]
     for body, fld in wrong:
         r = await api.http.post("/v1/goals", json=body, headers=h)
         assert r.status_code == 422, (body, r.text)
         assert error_of(r)["field"] == fld, (body, r.text)
     assert await redis.zcard(keys.goal_index()) == 0
-    good = {"text": "x", "budget_tokens": 5000, "budget_usd": 2, "deadline": "2030-10-13T12:00:00Z"}
+    good = {"text": "x", "budget_tokens": 5000, "budget_usd": 2, "deadline": "2030-10-13T12:00:00Z", "model": "fast"}
     r = await api.http.post("/v1/goals", json=good, headers=h)
     assert r.status_code == 201, r.text
     record = await api.client.get(r.json()["goal_id"])
-    assert (record.budget_tokens, record.goal.budget_usd, record.goal.deadline) == (
+    assert (record.budget_tokens, record.goal.budget_usd, record.goal.deadline, record.goal.model) == (
         5000,
         2.0,
         datetime(2030, 10, 13, 12, tzinfo=UTC),
+        "fast",
     )
     r = await api.http.post(f"/v1/goals/{record.id}/cancel", json={"reason": 5}, headers=h)
     assert r.status_code == 422 and error_of(r)["field"] == "reason"
