@@ -882,7 +882,7 @@ def test_sigterm_ends_open_event_streams_with_a_shutdown_frame_and_exits_within_
                     async for line in r.aiter_lines():
                         got.append(line)
                         if line == "" and len(got) > 1:
-                            opened.set()  # the first frame after `retry: 2000`: the stream is live
+                            opened.set()  # the opening `retry: 2000` frame arrived: the stream is open
 
         async def scenario() -> float:
             paths = ["/v1/events", f"/v1/goals/{gid}/events"]
