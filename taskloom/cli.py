@@ -919,7 +919,7 @@ def api(
     ] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR", callback=_log_level)] = "INFO",
 ) -> None:
-    """Serve the HTTP API and the web console (needs the `api` extra: pip install 'taskloom[api]')."""
+    """Serve the HTTP API and the web console (needs the `api` extra: pip install 'taskloom\\[api]')."""
     try:
         from .api.app import ApiConfig
         from .api.auth import TokenBook, TokenConfigError, load_tokens, new_token
@@ -952,7 +952,13 @@ def api(
     from .logs import configure_logging
 
     configure_logging(log_level)
-    config = ApiConfig(tokens=book, insecure_local=insecure_local, max_body=settings.api_max_body)
+    config = ApiConfig(
+        tokens=book,
+        insecure_local=insecure_local,
+        max_body=settings.api_max_body,
+        body_timeout=settings.api_body_timeout,
+        ready_requires_workers=settings.api_ready_requires_workers,
+    )
     # One line each, on stdout, before serving: scripts and tests read them.
     sys.stdout.write(f"console: {url}\n")
     if one_time is not None:
