@@ -958,6 +958,7 @@ def api(
         max_body=settings.api_max_body,
         body_timeout=settings.api_body_timeout,
         ready_requires_workers=settings.api_ready_requires_workers,
+        model_aliases=frozenset(settings.catalog().aliases),
     )
     # One line each, on stdout, before serving: scripts and tests read them.
     sys.stdout.write(f"console: {url}\n")

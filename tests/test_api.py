@@ -932,3 +932,21 @@ def test_api_settings_reach_the_server(subprocess_env: dict[str, str], tmp_path:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0, (tmp_path / "api.log").read_text()
+
+
+async def test_a_goal_may_name_only_a_configured_model_alias(redis: ArqRedis, keys: Keys) -> None:
+    """With the models file's aliases known to the API, `model` must be one of them: another is a 422
+    naming the field and the aliases, and nothing is stored."""
+    book = TokenBook(parse_tokens(entry_for("submitter", ("read", "submit"), "secret-submitter"), "test"))
+    client = Client(redis, keys, default_budget_tokens=50_000)
+    config = ApiConfig(tokens=book, model_aliases=frozenset({"fast", "strong"}))
+    async with serving(client, config) as url, httpx2.AsyncClient(base_url=url, timeout=20, trust_env=False) as http:
+        h = {"Authorization": "Bearer secret-submitter"}
+        bad = await http.post("/v1/goals", json={"text": "x", "model": "cheap"}, headers=h)
+        assert bad.status_code == 422, bad.text
+        err = error_of(bad)
+        assert err["field"] == "model" and "'cheap'" in err["message"] and "fast, strong" in err["message"]
+        good = await http.post("/v1/goals", json={"text": "x", "model": "fast"}, headers=h)
+        assert good.status_code == 201, good.text
+        assert (await client.get(good.json()["goal_id"])).goal.model == "fast"
+        assert await redis.zcard(keys.goal_index()) == 1

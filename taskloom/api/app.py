@@ -230,6 +230,9 @@ class ApiConfig:
     body_timeout: float = 10.0  # seconds a request body may take to arrive (TASKLOOM_API_BODY_TIMEOUT)
     ready_requires_workers: bool = False  # /readyz fails while a role has no live worker
     scan_limit: int = 2000  # index entries one filtered page of goals looks at
+    # The model aliases a goal may name (`model`), from the models file the workers read; None: not
+    # checked here (the workers refuse an alias they lack, failing the goal with the reason).
+    model_aliases: frozenset[str] | None = None
 
 
 _bearer = HTTPBearer(auto_error=False, description="an API token (`taskloom api-token`)")
@@ -428,6 +431,10 @@ def create_app(
     ) -> m.Submitted:
         """Submit a goal; it is planned and run by the workers."""
         c = client()
+        aliases = config.model_aliases
+        if goal.model is not None and aliases is not None and goal.model not in aliases:
+            known = ", ".join(sorted(aliases)) or "none (no models file)"
+            raise ApiError(422, "invalid_request", f"model: {goal.model!r} is no configured alias ({known})", "model")
         if idempotency_key is not None and not re.match(GOAL_ID_PATTERN, idempotency_key):
             raise ApiError(
                 422, "invalid_request", "Idempotency-Key: use 1 to 64 letters, digits, _ or -", "Idempotency-Key"
