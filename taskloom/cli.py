@@ -554,15 +554,18 @@ def cancel(
     reason: Annotated[str, typer.Option(help="recorded on the goal and its tasks")] = "cancelled by request",
     as_json: JsonOpt = False,
 ) -> None:
-    """Cancel a goal: stop dispatch and cancel its unfinished tasks."""
+    """Cancel a goal: stop dispatch and cancel its unfinished tasks. A goal that already ended,
+    cancelled included, exits 3 (as the HTTP API answers 409)."""
     try:
         changed = _with_client(lambda c: c.cancel(goal_id, reason))
     except IllegalTransition as exc:
         _fail(EXIT_NOT_SUCCEEDED, f"goal {goal_id} already ended ({exc.current}); nothing to cancel")
+    if not changed:
+        _fail(EXIT_NOT_SUCCEEDED, f"goal {goal_id} already ended (cancelled); nothing to cancel")
     if as_json:
         _print_json({"goal_id": goal_id, "cancelled": True, "changed": changed})
     else:
-        show(f"{goal_id} cancelled" if changed else f"{goal_id} was already cancelled")
+        show(f"{goal_id} cancelled")
 
 
 @app.command()

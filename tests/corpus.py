@@ -782,7 +782,7 @@ CASES: list[Case] = [
     ),
     # -- cancel, ledger, dag ------------------------------------------------------------------------
     Case("cancel-unknown-goal", ("cancel", "nosuchgoal"), 1, ("nosuchgoal", "not found")),
-    Case("cancel-twice", ("cancel", "{gid}"), 0, stdout_has=("already cancelled",), setup=goal(state="cancelled")),
+    Case("cancel-twice", ("cancel", "{gid}"), 3, ("already ended", "cancelled"), setup=goal(state="cancelled")),
     Case("cancel-ended-goal", ("cancel", "{gid}"), 3, ("already ended", "succeeded"), setup=succeeded("done")),
     Case("ledger-unknown-goal", ("ledger", "nosuchgoal"), 1, ("nosuchgoal", "not found")),
     Case("ledger-of-a-goal", ("ledger", "{gid}"), 0, stdout_has=("budget", "200,000"), setup=goal()),
