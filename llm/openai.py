@@ -561,10 +561,18 @@ class OpenAIModel:
         async with stream:
             async for chunk in stream:
                 chunks.append(chunk.to_dict())
+        request_id = stream.response.headers.get("x-request-id")
         if not chunks:  # a 200 whose body held no `data:` chunk (not SSE at all, say)
             raise ValueError("the streamed reply carried no chunks")
-        request_id = stream.response.headers.get("x-request-id")
-        return assemble_stream(chunks), request_id
+        completion = assemble_stream(chunks)
+        if completion["choices"][0]["finish_reason"] is None:
+            # Every server we know ends a stream with a finish_reason (OpenAI, vLLM, llama.cpp, Ollama);
+            # a stream whose connection closed before one is a cut reply, not a complete one.
+            raise ModelTimeoutError(
+                f"the streamed reply ended after {len(chunks)} chunks without a finish_reason (connection cut?)",
+                request_id=request_id,
+            )
+        return completion, request_id
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -457,8 +457,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("connection", "close")
         self.end_headers()
         self.close_connection = True  # no content-length: the end of the body is the end of the connection
-        for data in chunks:
+        cut = reply.cut_after is not None
+        for data in chunks[: reply.cut_after] if cut else chunks:
             self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
             self.wfile.flush()
+        if cut:
+            return
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()

@@ -59,7 +59,8 @@ class OpenAIReply:
     `finish_reason` None is sent as JSON null (a local server's habit). `output_tokens` overrides the
     counted output; `delay` (seconds, from the request's arrival) is the model's response time.
     Quirks for this reply alone: `omit_usage` (no `usage` object, nor usage chunk when streamed),
-    `omit_ids` (tool calls without an `id`). `headers` are added to the response.
+    `omit_ids` (tool calls without an `id`). `headers` are added to the response. `cut_after` closes a
+    streamed reply's connection after that many chunks (no finish, no [DONE]).
     """
 
     content: str | None = None
@@ -71,6 +72,7 @@ class OpenAIReply:
     omit_usage: bool = False
     omit_ids: bool = False
     headers: Mapping[str, str] = field(default_factory=dict)
+    cut_after: int | None = None  # streamed: close the connection after this many chunks
 
 
 OpenAIScript = OpenAIReply | ModelResponse | Failure
