@@ -243,13 +243,15 @@ def stop_reason(
     """The neutral stop reason of a choice.
 
     Unknown or missing: `tool_call` when the reply calls tools, else `stop`. `length` with fewer
-    output tokens than the request allowed means the context window, not `max_tokens`, ended the
-    reply (llama.cpp and vLLM stop so when the prompt fills the context): `context_length`.
+    output tokens than the request allowed, and no tool call, means the context window, not
+    `max_tokens`, ended the reply (llama.cpp and vLLM stop so when the prompt fills the context):
+    `context_length`. With tool calls it stays `length`, whose complete calls the executor runs.
     """
     mapped = OPENAI_FINISH_REASONS.get(finish_reason or "")
     if mapped is None:
         return "tool_call" if has_tool_calls else "stop"
-    if mapped == "length" and usage is not None and max_tokens is not None and usage.output_tokens < max_tokens:
+    cut_short = usage is not None and max_tokens is not None and usage.output_tokens < max_tokens
+    if mapped == "length" and cut_short and not has_tool_calls:
         return "context_length"
     return mapped
 
@@ -514,10 +516,13 @@ class OpenAIModel:
             "_strict_response_validation": strict_validation,
         }
         self._client: openai.AsyncOpenAI
-        if azure_endpoint:
-            self._client = openai.AsyncAzureOpenAI(azure_endpoint=azure_endpoint, api_version=api_version, **common)
-        else:
-            self._client = openai.AsyncOpenAI(base_url=self.base_url, **common)
+        try:
+            if azure_endpoint:
+                self._client = openai.AsyncAzureOpenAI(azure_endpoint=azure_endpoint, api_version=api_version, **common)
+            else:
+                self._client = openai.AsyncOpenAI(base_url=self.base_url, **common)
+        except (openai.OpenAIError, ValueError) as err:  # Azure without an api_version, say
+            raise ModelConfigError(f"the OpenAI client for {model!r} cannot be built: {err}") from err
 
     def __repr__(self) -> str:
         where = self.azure_endpoint or self.base_url

@@ -293,6 +293,8 @@ def validate_chat_body(body: Mapping[str, Any]) -> tuple[str, str | None] | None
         return f"Invalid value for 'tool_choice': no function named {choice!r} was specified in 'tools'", "tool_choice"
     if isinstance(choice, str) and choice not in ("auto", "required", "none"):
         return f"Invalid value: {choice!r}. Supported values are: 'none', 'auto' and 'required'.", "tool_choice"
+    if body.get("stream_options") is not None and not body.get("stream"):
+        return "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options"
     if "parallel_tool_calls" in body and not tools:
         return (
             "Invalid value for 'parallel_tool_calls': only allowed when 'tools' are specified.",

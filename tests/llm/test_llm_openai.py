@@ -4,6 +4,7 @@ against the fake Chat Completions server (strict response validation on unless a
 from __future__ import annotations
 
 import json
+import pickle
 import socket
 import time
 from typing import Any
@@ -218,6 +219,7 @@ def test_prompt_cache_key_is_opt_in_and_a_hash_of_the_goal() -> None:
         (None, False, 5, "stop"),
         ("eos_token", False, 5, "stop"),
         ("stop", True, 5, "stop"),
+        ("length", True, 7, "length"),
     ],
 )
 def test_finish_reason_table(finish: str | None, has_calls: bool, output: int, expected: str) -> None:
@@ -813,6 +815,19 @@ def test_missing_key_names_the_variable() -> None:
         OpenAIModel("gpt-test")
     with pytest.raises(ModelConfigError, match="AZURE_OPENAI_API_KEY"):
         OpenAIModel("gpt-test", api_key_env="AZURE_OPENAI_API_KEY")
+
+
+def test_azure_without_api_version_is_a_config_error() -> None:
+    """Azure needs an api_version (or OPENAI_API_VERSION): without one, ModelConfigError, not an SDK error."""
+    with pytest.raises(ModelConfigError, match="api_version"):
+        OpenAIModel("dep", api_key=TEST_KEY, azure_endpoint="http://127.0.0.1:1")
+
+
+def test_context_length_error_pickles_with_its_fields() -> None:
+    """ContextLengthError crosses arq: it pickles back to its class with status and request id."""
+    error = pickle.loads(pickle.dumps(ContextLengthError("too long", status=400, request_id="req_1")))
+    assert type(error) is ContextLengthError and isinstance(error, TerminalModelError)
+    assert (error.status, error.request_id, error.retryable) == (400, "req_1", False)
 
 
 def test_bad_max_tokens_param_is_refused() -> None:
