@@ -272,6 +272,8 @@ def to_response(
 ) -> ModelResponse:
     """Our response for a Chat Completions body (a dict; the first choice is read).
 
+    A `refusal` (OpenAI's structured-outputs refusal) is a `content_filter` stop with its text.
+    Fields of other dialects (`reasoning_content`, logprobs) are ignored.
     Local-server bends handled: no `usage` (usage_reported=False, usage zero); a tool call without an
     id, or with an empty one (`synthetic_call_id`); arguments that are null, empty, broken or not an
     object (`parse_arguments`); a missing or unknown finish reason (`stop_reason`).
@@ -285,6 +287,10 @@ def to_response(
     text = message.get("content")
     if isinstance(text, str) and text:
         content.append(TextBlock(text=text))
+    # OpenAI's refusal (structured outputs): its explanation as the text, and a content_filter stop.
+    refusal = message.get("refusal")
+    if isinstance(refusal, str) and refusal and not content:
+        content.append(TextBlock(text=refusal))
     no_parameters = _tools_without_parameters(request, names)
     for index, call in enumerate(message.get("tool_calls") or []):
         function = call.get("function") or {}
@@ -299,11 +305,12 @@ def to_response(
         )
     usage = usage_from_wire(completion.get("usage"))
     has_calls = any(isinstance(b, ToolUseBlock) for b in content)
+    reason = stop_reason(
+        choice.get("finish_reason"), has_calls, usage, request.max_tokens if request is not None else None
+    )
     return ModelResponse(
         content=content,
-        stop_reason=stop_reason(
-            choice.get("finish_reason"), has_calls, usage, request.max_tokens if request is not None else None
-        ),
+        stop_reason="content_filter" if refusal and not has_calls else reason,
         usage=usage or Usage(),
         usage_reported=usage is not None,
         request_id=request_id,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import pickle
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -287,6 +289,13 @@ def test_missing_tool_call_ids_get_stable_ids() -> None:
     assert ids[0] == synthetic_call_id(0, "refund_policy", "{}") and ids[0].startswith("call_")
     assert len(set(ids)) == 3 and ids[2] == "call_real"
     assert first.tool_uses[2].name == "svc.order.lookup"
+
+
+def test_refusal_is_a_content_filter_stop() -> None:
+    """A message carrying OpenAI's `refusal` (and no content) -> content_filter with the refusal as its text."""
+    body = _completion({"role": "assistant", "content": None, "refusal": "I can't help with that."})
+    response = to_response(body, tool_name_map(_request()), "m")
+    assert response.stop_reason == "content_filter" and response.text == "I can't help with that."
 
 
 def test_reply_without_usage_is_flagged() -> None:
@@ -948,3 +957,34 @@ async def test_raw_sdk_strict_validation_accepts_streamed_and_whole_replies(serv
     await client.close()
     assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
     assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == "streamed"
+
+
+def test_module_entrypoint_serves_the_openai_dialect() -> None:
+    """`python -m llm.testing --dialect openai --port 0` serves Chat Completions answering with the demo rules."""
+    command = [sys.executable, "-m", "llm.testing", "--dialect", "openai", "--port", "0"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        base_url = proc.stdout.readline().split(" on ", 1)[1].split(" ", 1)[0]
+        client = openai.OpenAI(api_key=TEST_KEY, base_url=base_url, _strict_response_validation=True)
+        completion = client.chat.completions.create(
+            model="gpt-test",
+            messages=[{"role": "user", "content": "Can order A100 be refunded?"}],
+            tools=[
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "lookup_order",
+                        "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+                    },
+                }
+            ],
+        )
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert base_url.endswith("/v1")
+    (call,) = completion.choices[0].message.tool_calls or []
+    assert call.type == "function" and call.function.name == "lookup_order"
+    assert json.loads(call.function.arguments) == {"order_id": "A100"}
