@@ -196,10 +196,17 @@ def build_params(
 # -- response mapping (pure) -------------------------------------------------------------------
 
 
-def synthetic_call_id(index: int, name: str, arguments: str | None) -> str:
-    """A stable id for a tool call that came without one: the same reply always gets the same id."""
-    digest = hashlib.sha256(f"{index}\x00{name}\x00{arguments}".encode()).hexdigest()[:24]
+def synthetic_call_id(index: int, name: str, arguments: Any, turn: int = 0) -> str:
+    """A stable id for a tool call that came without a usable one: the same reply to the same history
+    always gets the same id. `turn` (the history's length) keeps the same call in a later turn apart."""
+    digest = hashlib.sha256(f"{turn}\x00{index}\x00{name}\x00{arguments}".encode()).hexdigest()[:24]
     return f"call_{digest}"
+
+
+def _history_ids(request: ModelRequest | None) -> set[str]:
+    if request is None:
+        return set()
+    return {b.id for m in request.messages for b in m.content if isinstance(b, ToolUseBlock)}
 
 
 def parse_arguments(arguments: Any, *, no_parameters: bool = False) -> tuple[dict[str, Any], str | None]:
@@ -275,8 +282,9 @@ def to_response(
     A `refusal` (OpenAI's structured-outputs refusal) is a `content_filter` stop with its text.
     Fields of other dialects (`reasoning_content`, logprobs) are ignored.
     Local-server bends handled: no `usage` (usage_reported=False, usage zero); a tool call without an
-    id, or with an empty one (`synthetic_call_id`); arguments that are null, empty, broken or not an
-    object (`parse_arguments`); a missing or unknown finish reason (`stop_reason`).
+    id, with an empty one, or with one the history or this reply already used (`synthetic_call_id`);
+    arguments that are null, empty, broken or not an object (`parse_arguments`); a missing or unknown
+    finish reason (`stop_reason`).
     """
     choices = completion.get("choices") or []
     if not choices:
@@ -292,6 +300,8 @@ def to_response(
     if isinstance(refusal, str) and refusal and not content:
         content.append(TextBlock(text=refusal))
     no_parameters = _tools_without_parameters(request, names)
+    taken = _history_ids(request)
+    turn = len(request.messages) if request is not None else 0
     for index, call in enumerate(message.get("tool_calls") or []):
         function = call.get("function") or {}
         wire_name = str(function.get("name") or "")
@@ -299,10 +309,11 @@ def to_response(
             continue  # nothing to route it to; the model sees its turn without it
         raw_arguments = function.get("arguments")
         tool_input, invalid = parse_arguments(raw_arguments, no_parameters=wire_name in no_parameters)
-        call_id = call.get("id") or synthetic_call_id(index, wire_name, raw_arguments)
-        content.append(
-            ToolUseBlock(id=str(call_id), name=names.to_ours(wire_name), input=tool_input, invalid_input=invalid)
-        )
+        call_id = str(call.get("id") or "")
+        if not call_id or call_id in taken:  # missing, or reused (servers numbering calls `call_0`... per turn)
+            call_id = synthetic_call_id(index, wire_name, raw_arguments, turn)
+        taken.add(call_id)
+        content.append(ToolUseBlock(id=call_id, name=names.to_ours(wire_name), input=tool_input, invalid_input=invalid))
     usage = usage_from_wire(completion.get("usage"))
     has_calls = any(isinstance(b, ToolUseBlock) for b in content)
     reason = stop_reason(

@@ -50,6 +50,7 @@ from llm.openai import (
     tool_name_map,
     usage_from_wire,
 )
+from llm.pairing import check_tool_pairing
 from llm.testing import (
     Failure,
     FakeOpenAIServer,
@@ -296,6 +297,28 @@ def test_refusal_is_a_content_filter_stop() -> None:
     body = _completion({"role": "assistant", "content": None, "refusal": "I can't help with that."})
     response = to_response(body, tool_name_map(_request()), "m")
     assert response.stop_reason == "content_filter" and response.text == "I can't help with that."
+
+
+def test_reused_tool_call_ids_are_replaced() -> None:
+    """An id the history already holds, or repeated within the reply, is replaced by a synthetic one."""
+    history = _request(
+        Message.user("hi"),
+        Message(role="assistant", content=[ToolUseBlock(id="call_0", name="refund_policy")]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="call_0", content="{}")]),
+    )
+    calls = [
+        {"id": "call_0", "type": "function", "function": {"name": "refund_policy", "arguments": "{}"}},
+        {"id": "call_1", "type": "function", "function": {"name": "refund_policy", "arguments": "{}"}},
+        {"id": "call_1", "type": "function", "function": {"name": "svc_order_lookup", "arguments": "{}"}},
+    ]
+    body = _completion({"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls")
+    ids = [u.id for u in to_response(body, tool_name_map(history), "m", request=history).tool_uses]
+    assert ids[0] == synthetic_call_id(0, "refund_policy", "{}", turn=3) and ids[1] == "call_1"
+    assert ids[2].startswith("call_") and len(set(ids)) == 3
+    check_tool_pairing(
+        [*history.messages, Message(role="assistant", content=[ToolUseBlock(id=i, name="x") for i in ids])],
+        allow_pending=True,
+    )
 
 
 def test_reply_without_usage_is_flagged() -> None:
