@@ -20,8 +20,8 @@ Error mapping (after the SDK's retries):
   `ModelTimeoutError` (`maybe_spent=True`);
 - a success status whose body cannot be parsed -> `RetryableModelError(maybe_spent=True)`.
 
-`maybe_spent` is True whenever any attempt, not only the last, may have been billed: every HTTP
-attempt goes through a recording transport under the SDK's own client.
+`maybe_spent` is True whenever any attempt, not only the last, may have been billed: the SDK is
+given an HTTP client (its own default one) that records every attempt it sends.
 """
 
 from __future__ import annotations
@@ -412,16 +412,16 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     return None
 
 
-class _RecordingTransport(httpx2.AsyncBaseTransport):
-    """Wraps the SDK's HTTP transport to see every attempt (the SDK retries above it)."""
+class _RecordingClient(openai.DefaultAsyncHttpxClient):
+    """The SDK's HTTP client (with its defaults), seeing every attempt: the SDK retries above `send`.
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
-        self._inner = inner
+    `send`, not a transport, so that attempts through proxy transports (`HTTPS_PROXY`) are seen too.
+    """
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+    async def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
         attempts = _ATTEMPTS.get()
         try:
-            response = await self._inner.handle_async_request(request)
+            response = await super().send(request, **kwargs)
         except Exception as err:
             if attempts is not None:
                 not_sent = isinstance(err, _NOT_SENT)
@@ -440,9 +440,6 @@ class _RecordingTransport(httpx2.AsyncBaseTransport):
                 if value is not None and value.isdigit():
                     attempts.remaining[kind] = int(value)
         return response
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 def is_context_length(code: str | None, message: str) -> bool:
@@ -522,15 +519,11 @@ class OpenAIModel:
         self._stream = stream
         self._extra_body = dict(extra_body) if extra_body else None
         self._max_tokens_param = max_tokens_param
-        transport = _RecordingTransport(
-            httpx2.AsyncHTTPTransport(limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100))
-        )
-        http_client = openai.DefaultAsyncHttpxClient(transport=transport)
         common: dict[str, Any] = {
             "api_key": key,
             "max_retries": max_retries,
             "timeout": httpx2.Timeout(timeout, connect=min(timeout, 5.0)),
-            "http_client": http_client,
+            "http_client": _RecordingClient(),
             "_strict_response_validation": strict_validation,
         }
         self._client: openai.AsyncOpenAI
