@@ -56,7 +56,8 @@ class ToolCall:
 class OpenAIReply:
     """A successful Chat Completions answer.
 
-    `finish_reason` None is sent as JSON null (a local server's habit). `output_tokens` overrides the
+    `finish_reason` None is sent as JSON null (a local server's habit; in a stream, `OpenAIModel` reads
+    a stream that never says why it finished as cut). `output_tokens` overrides the
     counted output; `delay` (seconds, from the request's arrival) is the model's response time.
     Quirks for this reply alone: `omit_usage` (no `usage` object, nor usage chunk when streamed),
     `omit_ids` (tool calls without an `id`). `headers` are added to the response. `cut_after` closes a
