@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .report import PIPE_WIDTH, pct, usd
+from .report import pct, usd, wide
 from .results import CaseSummary, Results
 
 COST_WORSE = 0.10  # +10% cost: highlighted
@@ -142,8 +142,8 @@ def table(items: list[Change]) -> Table:
 
 
 def show(console: Console, items: list[Change]) -> None:
-    width = console.width if console.is_terminal else max(console.width, PIPE_WIDTH)
-    console.print(table(items), highlight=False, width=width)
+    with wide(console):
+        console.print(table(items), highlight=False)
     worse = [c for c in items if c.regressed]
     if worse:
         names = ", ".join(f"{c.case} [{c.model}]" for c in worse)

@@ -3,6 +3,9 @@ failures with their reasons. Text that models wrote is printed as text, never as
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -98,6 +101,20 @@ def render(results: Results) -> RenderableType:
 PIPE_WIDTH = 160  # columns when the output is no terminal (a CI log): no case id is cut
 
 
+@contextlib.contextmanager
+def wide(console: Console) -> Iterator[None]:
+    """At least `PIPE_WIDTH` columns when the output is no terminal (rich assumes 80 there)."""
+    if console.is_terminal or console.width >= PIPE_WIDTH:
+        yield
+        return
+    before = console.width
+    console.width = PIPE_WIDTH
+    try:
+        yield
+    finally:
+        console.width = before
+
+
 def show(console: Console, results: Results) -> None:
-    width = console.width if console.is_terminal else max(console.width, PIPE_WIDTH)
-    console.print(render(results), highlight=False, width=width)
+    with wide(console):
+        console.print(render(results), highlight=False)
