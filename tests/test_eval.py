@@ -191,16 +191,24 @@ def test_stale_cassettes_do_not_count_as_failures_but_exit_5() -> None:
 
 def test_compare_reports_pass_cost_and_latency_changes() -> None:
     """compare shows passed→failed, cost and latency changes in percent, and flags regressions."""
-    a = results_of([rec("a", "passed", cost_usd=0.10, seconds=1.0), rec("b", "failed", cost_usd=0.10, seconds=1.0)])
+    a = results_of([
+        rec("a", "passed", cost_usd=0.10, seconds=1.0), rec("b", "failed", cost_usd=0.10, seconds=1.0),
+        rec("d", "passed", cost_usd=0.10, seconds=0.4), rec("e", "passed", seconds=1.0),
+    ])
     b = results_of([
         rec("a", "failed", cost_usd=0.15, seconds=1.5), rec("b", "passed", cost_usd=0.10, seconds=1.0),
-        rec("c", "passed"),
+        rec("c", "passed"), rec("d", "passed", cost_usd=0.105, seconds=0.6), rec("e", "rerecord"),
     ])
     by = {c.case: c for c in changes(a, b)}
     assert by["a"].pass_change == "passed→failed" and by["a"].worse_pass and by["a"].regressed
     assert round(by["a"].cost_change or 0, 2) == 0.5 and round(by["a"].latency_change or 0, 2) == 0.5
+    assert by["a"].worse_cost and by["a"].worse_latency
     assert by["b"].pass_change == "failed→passed" and not by["b"].regressed
     assert by["c"].pass_change == "new: passed"
+    # +5% cost and +50% of a sub-second latency (0.2 s) are noise, not regressions.
+    assert by["d"].pass_change == "passed" and not by["d"].regressed
+    # A case that needs re-recording in B has no latency to compare.
+    assert by["e"].pass_change == "passed→not judged" and by["e"].latency_change is None and not by["e"].regressed
 
 
 def test_compare_through_the_executable(tmp_path: Path) -> None:

@@ -188,7 +188,11 @@ async def main(settings: Settings, options: Options, as_json: bool, out: Console
 
     # A tool error or a spent budget is an outcome the report shows, not news for the log.
     configure_logging("ERROR", json=True, stream=sys.stderr)
-    results, _ = await evaluate(settings, options, progress=None if as_json else err)
+    results, cases = await evaluate(settings, options, progress=None if as_json else err)
+    judged = [c.id for c in cases if c.rubric]
+    if judged:
+        note = f"rubric not scored (LLM-as-judge is not implemented): {', '.join(judged)}"
+        err.print(Text("note: ", style="bold yellow") + Text(note), soft_wrap=True)
     code, reasons = verdict(results, options)
     if as_json:
         doc = {**results.model_dump(mode="json"), "results_file": str(options.out), "exit_code": code}

@@ -1,7 +1,8 @@
 """`taskloom eval compare A.json B.json`: what changed from run A to run B, per case and model.
 
 A case regresses when its pass rate fell (passed→failed); a cost or a p50 latency that grew by
-more than `COST_WORSE` / `LATENCY_WORSE` is highlighted as a regression too. Only a fallen pass
+more than `COST_WORSE` / `LATENCY_WORSE` is highlighted as a regression too (latency only when it
+also grew by `LATENCY_FLOOR` seconds: a sub-second goal varies by more than 20% from run to run). Only a fallen pass
 rate makes `compare` exit non-zero: cost and latency move with load and providers, and a CI that
 wants a hard limit on them has `--max-usd` and each case's `max_seconds`.
 """
@@ -19,6 +20,7 @@ from .results import CaseSummary, Results
 
 COST_WORSE = 0.10  # +10% cost: highlighted
 LATENCY_WORSE = 0.20  # +20% p50 latency: highlighted
+LATENCY_FLOOR = 0.5  # ... and at least this many seconds more
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,11 @@ class Change:
 
     @property
     def latency_change(self) -> float | None:
+        """None when a side has no judged run (its latency is no measurement)."""
         b, a = self.before, self.after
-        return _relative(b.p50_seconds if b else None, a.p50_seconds if a else None)
+        if b is None or a is None or b.pass_rate is None or a.pass_rate is None:
+            return None
+        return _relative(b.p50_seconds, a.p50_seconds)
 
     @property
     def worse_pass(self) -> bool:
@@ -74,7 +79,8 @@ class Change:
     @property
     def worse_latency(self) -> bool:
         c = self.latency_change
-        return c is not None and c > LATENCY_WORSE
+        grew = (self.after.p50_seconds - self.before.p50_seconds) if self.after and self.before else 0.0
+        return c is not None and c > LATENCY_WORSE and grew >= LATENCY_FLOOR
 
     @property
     def regressed(self) -> bool:
