@@ -12,12 +12,15 @@ from typing import Any
 
 import pytest
 import yaml
+from arq.connections import ArqRedis
 from helpers import run_cli
 
-from bus.keys import ROLES
+from bus.keys import ROLES, Keys
+from bus.ledger import Ledger, LedgerNotFound
 from bus.schemas import GoalState
 from llm.cassette import RecordingModel
 from llm.demo import DemoModel
+from llm.types import ModelRequest, ModelResponse, TextBlock, Usage
 from taskloom.eval import (
     EXIT_GATE,
     EXIT_RERECORD,
@@ -37,6 +40,8 @@ from taskloom.eval import (
     read_results,
     verdict,
 )
+from taskloom.eval.judge import Judge, JudgeReplyError
+from taskloom.eval.judge import parse as parse_judgement
 from taskloom.eval.results import ResultsError, percentile, summarize
 from taskloom.settings import Settings
 from taskloom.testing import ScriptedModel
@@ -104,6 +109,49 @@ def test_tool_args_match_non_string_arguments_as_json() -> None:
     run = Observed(state=GoalState.SUCCEEDED, answer="", calls=(Called("pay", {"amount": 12.5, "ids": [1, 2]}),))
     ok = Expect.model_validate({"tool_args": [{"tool": "pay", "args": {"amount": r"^12\.5$", "ids": r"\[1, 2\]"}}]})
     assert problems(ok, run) == []
+
+
+# -- the judge -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "verdict_"),
+    [
+        ('{"passed": true, "action": "accept", "feedback": "fine"}', (True, "fine")),
+        ('Here it is: {"passed": false, "feedback": "vague"} done', (False, "vague")),
+        ("I think it passes", "no JSON object"),
+        ('{"passed": "yes"}', "no boolean `passed`"),
+        ("{not json}", "not JSON"),
+    ],
+)
+def test_judge_reply_parsing(reply: str, verdict_: tuple[bool, str] | str) -> None:
+    """A judge's verdict is read from the JSON object in its reply; anything else is refused, saying why."""
+    if isinstance(verdict_, tuple):
+        assert parse_judgement(reply) == verdict_
+    else:
+        with pytest.raises(JudgeReplyError, match=verdict_):
+            parse_judgement(reply)
+
+
+class StrictJudge:
+    """A model at the port boundary that fails every answer, as a strict judge would."""
+
+    name = model = "strict-judge"
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        text = '{"passed": false, "action": "retry", "feedback": "does not cite the policy"}'
+        usage = Usage(input_tokens=100, output_tokens=20)
+        return ModelResponse(content=[TextBlock(text=text)], stop_reason="stop", usage=usage, model=self.model)
+
+
+async def test_rubric_scored_through_its_own_books_in_the_ledger(redis: ArqRedis, keys: Keys) -> None:
+    """The judge's call is metered in books of its own (judge-<goal id>), never the goal's."""
+    judge = Judge(StrictJudge(), Ledger(redis, keys))
+    judged = await judge.score("g1", "Can A100 be refunded?", "Cites the policy.", "Yes.")
+    assert (judged.passed, judged.feedback, judged.tokens) == (False, "does not cite the policy", 120)
+    assert (await Ledger(redis, keys).snapshot("judge-g1")).calls == 1
+    with pytest.raises(LedgerNotFound):
+        await Ledger(redis, keys).snapshot("g1")
 
 
 # -- the suite file -------------------------------------------------------------------------------
@@ -318,14 +366,16 @@ prices = { input = 3, output = 15, cache_read = 0.3, cache_write = 3.75 }
 
 async def test_remote_fleet_runs_two_aliases_with_goal_model(settings: Settings, tmp_path: Path) -> None:
     """Without --local the goals go to the fleet on the Redis URL, each naming its alias (Goal.model);
-    an alias the fleet does not know fails its runs with the fleet's reason."""
+    an alias the fleet does not know fails its runs with the fleet's reason. The rubric's judge (a
+    priced alias) is costed apart from the agents."""
     models = tmp_path / "models.toml"
     models.write_text(MODELS_FILE)
     settings = settings.model_copy(update={"models_file": models})
     stop = asyncio.Event()
     fleet = asyncio.create_task(run_workers(list(ROLES), settings, stop=stop, signals=False))
     try:
-        suite = parse_suite({"cases": [SMALL["cases"][1]]}, "one")
+        case = {**SMALL["cases"][1], "rubric": "Quotes the refund window."}
+        suite = parse_suite({"judge": "pricey", "cases": [case]}, "one")
         options = Options(Path("one"), models=["cheap", "pricey", "nosuch"], out=tmp_path / "r.json")
         results, _ = await evaluate(settings, options, suite=suite)
     finally:
@@ -336,6 +386,8 @@ async def test_remote_fleet_runs_two_aliases_with_goal_model(settings: Settings,
     by = {t.model: t for t in results.totals}
     assert (by["cheap"].pass_rate, by["pricey"].pass_rate, by["nosuch"].pass_rate) == (1.0, 1.0, 0.0)
     assert by["cheap"].cost_usd == 0 and by["pricey"].cost_usd > 0
+    assert by["cheap"].judge_cost_usd > 0 and by["cheap"].judge_tokens > 0
+    assert [r.rubric_passed for r in results.runs if r.model == "cheap"] == [True]
     [failed] = [r for r in results.runs if r.model == "nosuch"]
     assert "no configured alias" in failed.problems[0]
 

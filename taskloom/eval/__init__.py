@@ -4,6 +4,7 @@ of goals, per model, locally, on a remote fleet or from cassettes, and gate CI o
 - `suite`: the suite file (cases, expectations, tags), YAML or JSON.
 - `checks`: the expectations, checked against a finished run (pure functions).
 - `runner`: submit each case to a fleet, wait, read the run back, judge it.
+- `judge`: a case's rubric scored by the judge model (LLM-as-judge), in ledger books of its own.
 - `results`: the results file, the per-case and per-model summaries, the CI gate.
 - `report`: the console tables. `compare`: what changed between two results files.
 - `command`: the `taskloom eval` command's body (the CLI registers it).

@@ -57,7 +57,7 @@ def replay_targets(path: Path, names: Sequence[str | None], default: str) -> lis
     targets = []
     for name in names:
         cassette = path / f"{name or default}.jsonl" if path.is_dir() else path
-        targets.append(Target(name, ReplayModel(cassette)))
+        targets.append(Target(name, ReplayModel(cassette), replay=True))
     return targets
 
 
@@ -125,6 +125,7 @@ async def evaluate(
             concurrency=options.concurrency,
             run_id=run_id,
             on_run=on_run,
+            judge=(suite.judge or settings.model) if any(c.rubric for c in cases) else None,
         )
     records = order(records, cases, models)
     case_sums, totals = summarize(records, models)
@@ -188,11 +189,7 @@ async def main(settings: Settings, options: Options, as_json: bool, out: Console
 
     # A tool error or a spent budget is an outcome the report shows, not news for the log.
     configure_logging("ERROR", json=True, stream=sys.stderr)
-    results, cases = await evaluate(settings, options, progress=None if as_json else err)
-    judged = [c.id for c in cases if c.rubric]
-    if judged:
-        note = f"rubric not scored (LLM-as-judge is not implemented): {', '.join(judged)}"
-        err.print(Text("note: ", style="bold yellow") + Text(note), soft_wrap=True)
+    results, _ = await evaluate(settings, options, progress=None if as_json else err)
     code, reasons = verdict(results, options)
     if as_json:
         doc = {**results.model_dump(mode="json"), "results_file": str(options.out), "exit_code": code}

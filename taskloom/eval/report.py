@@ -56,11 +56,13 @@ def case_table(cases: list[CaseSummary]) -> Table:
 def totals_table(totals: list[ModelSummary]) -> Table:
     table = Table(title="totals", title_justify="left")
     table.add_column("model", no_wrap=True)
-    for name in ("pass rate", "spread", "runs", "tokens", "cost", "p50/p95 s", "retry", "replan"):
+    judged = any(t.judge_tokens for t in totals)
+    names = ["pass rate", "spread", "runs", "tokens", "cost", "p50/p95 s", "retry", "replan"]
+    for name in [*names, "judge cost"] if judged else names:
         table.add_column(name, justify="right", no_wrap=True)
     for t in totals:
         spread = f"{pct(t.spread[0])}-{pct(t.spread[1])}" if t.spread else "-"
-        table.add_row(
+        cells: list[Text | str] = [
             Text(t.model),
             Text(pct(t.pass_rate), style=_rate_style(t.pass_rate)),
             spread,
@@ -70,7 +72,10 @@ def totals_table(totals: list[ModelSummary]) -> Table:
             f"{t.p50_seconds:.1f}/{t.p95_seconds:.1f}",
             str(t.retries),
             str(t.replans),
-        )
+        ]
+        if judged:
+            cells.append(f"{usd(t.judge_cost_usd)} ({t.judge_tokens:,} tok)")
+        table.add_row(*cells)
     return table
 
 

@@ -45,6 +45,10 @@ class RunRecord(_Model):
     retries: int = 0
     replans: int = 0
     diff: str | None = Field(default=None, description="why a replayed request missed its cassette")
+    rubric_passed: bool | None = Field(default=None, description="the judge's verdict (None: no rubric or unscored)")
+    rubric_feedback: str | None = None
+    judge_tokens: int = 0
+    judge_cost_usd: float = 0.0
 
 
 class CaseSummary(_Model):
@@ -61,6 +65,7 @@ class CaseSummary(_Model):
     steps: float = Field(description="mean model calls per run")
     retries: int
     replans: int
+    judge_cost_usd: float = 0.0
     failures: list[str] = Field(default_factory=list, description="each distinct reason, once")
 
 
@@ -78,6 +83,8 @@ class ModelSummary(_Model):
     steps: float
     retries: int
     replans: int
+    judge_tokens: int = 0
+    judge_cost_usd: float = 0.0
 
 
 class Results(_Model):
@@ -130,6 +137,7 @@ def summarize_case(runs: Sequence[RunRecord]) -> CaseSummary:
         steps=sum(r.steps for r in judged) / len(judged) if judged else 0.0,
         retries=sum(r.retries for r in runs),
         replans=sum(r.replans for r in runs),
+        judge_cost_usd=sum(r.judge_cost_usd for r in runs),
         failures=failures,
     )
 
@@ -157,6 +165,8 @@ def summarize_model(model: str, runs: Sequence[RunRecord]) -> ModelSummary:
         steps=sum(r.steps for r in judged) / len(judged) if judged else 0.0,
         retries=sum(r.retries for r in runs),
         replans=sum(r.replans for r in runs),
+        judge_tokens=sum(r.judge_tokens for r in runs),
+        judge_cost_usd=sum(r.judge_cost_usd for r in runs),
     )
 
 
@@ -171,7 +181,8 @@ def summarize(runs: Iterable[RunRecord], models: Sequence[str]) -> tuple[list[Ca
 
 def gate(results: Results, min_pass: float, max_usd: float | None) -> list[str]:
     """Why the run fails the CI gate (empty: it passes): a model whose pass rate is below `min_pass`,
-    naming each failing case and check, or the whole run's cost above `max_usd`."""
+    naming each failing case and check, or the whole run's cost (the agents' and the judge's) above
+    `max_usd`."""
     reasons = []
     for total in results.totals:
         if total.pass_rate is not None and total.pass_rate < min_pass:
@@ -184,7 +195,7 @@ def gate(results: Results, min_pass: float, max_usd: float | None) -> list[str]:
                 f"model {total.model}: pass rate {total.pass_rate:.0%} ({total.passed}/{total.runs - total.rerecord}) "
                 f"below --min-pass {min_pass:.0%}; " + "; ".join(failing)
             )
-    cost = sum(t.cost_usd for t in results.totals)
+    cost = sum(t.cost_usd + t.judge_cost_usd for t in results.totals)
     if max_usd is not None and cost > max_usd:
         reasons.append(f"cost ${cost:.4f} above --max-usd ${max_usd:g}")
     return reasons

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from arq.connections import ArqRedis
@@ -37,8 +37,9 @@ from llm.types import ModelRequest, ModelResponse
 from ..runner import preflight
 from ..settings import Settings, keys_for
 from ..testing.run import RunResult, collect
-from ..workers import run_workers
+from ..workers import close_models, make_ledger, make_models, run_workers
 from .checks import Called, Observed, problems
+from .judge import Judge, Judgement, books_of
 from .results import RunRecord
 from .suite import Case
 
@@ -54,6 +55,7 @@ class Target:
 
     name: str | None
     port: ModelPort | None = None
+    replay: bool = False  # the port replays a cassette: the judge's calls replay from it too
 
     def label(self, settings: Settings, local: bool) -> str:
         if self.name is not None:
@@ -97,6 +99,7 @@ class Fleet:
     misses: MissLog | None = None
     alive: Callable[[], None] = lambda: None  # raises when the local workers stopped
     labels: dict[str, str] = field(default_factory=dict)
+    judge: Judge | None = None  # scores the cases' rubrics
 
 
 def observe(result: RunResult, seconds: float) -> Observed:
@@ -119,10 +122,14 @@ def latency(goal: GoalRecord, wall: float) -> float:
     return wall
 
 
-def record_of(job: Job, result: RunResult, seconds: float, miss: str | None = None) -> RunRecord:
-    """The run's record: its checks' verdict and its numbers."""
+def record_of(
+    job: Job, result: RunResult, seconds: float, miss: str | None = None, judged: Judgement | None = None
+) -> RunRecord:
+    """The run's record: its checks' and the judge's verdicts, and its numbers."""
     seen = observe(result, seconds)
     found = problems(job.case.expect, seen) if miss is None else []
+    if judged is not None and not judged.passed and miss is None:
+        found.append(f"rubric failed: {judged.feedback}")
     retries = sum(1 for e in result.events if e.type == "critic.verdict" and e.data.get("action") == "retry")
     status = "rerecord" if miss is not None else ("failed" if found else "passed")
     return RunRecord(
@@ -142,6 +149,10 @@ def record_of(job: Job, result: RunResult, seconds: float, miss: str | None = No
         retries=retries,
         replans=result.goal.replans,
         diff=miss,
+        rubric_passed=judged.passed if judged else None,
+        rubric_feedback=judged.feedback if judged else None,
+        judge_tokens=judged.tokens if judged else 0,
+        judge_cost_usd=judged.cost_usd if judged else 0.0,
     )
 
 
@@ -170,8 +181,12 @@ async def run_one(fleet: Fleet, job: Job) -> RunRecord:
             seconds=wall,
         )
     result = await collect(client.redis, client.keys, goal_id, wall)
-    miss = fleet.misses.misses.get(goal_id) if fleet.misses is not None else None
-    return record_of(job, result, latency(goal, wall), miss)
+    misses = fleet.misses.misses if fleet.misses is not None else {}
+    judged = None
+    if job.case.rubric and fleet.judge is not None and goal_id not in misses:
+        judged = await fleet.judge.score(goal_id, job.case.goal, job.case.rubric, result.answer or "")
+    miss = misses.get(goal_id) or misses.get(books_of(goal_id))
+    return record_of(job, result, latency(goal, wall), miss, judged)
 
 
 async def _run_jobs(
@@ -201,6 +216,28 @@ async def _forget(redis: ArqRedis, prefix: str) -> None:
             await redis.delete(*batch[start : start + 500])
 
 
+@contextlib.asynccontextmanager
+async def judging(
+    settings: Settings, redis: ArqRedis, name: str | None, port: ModelPort | None = None
+) -> AsyncIterator[Judge | None]:
+    """The judge of rubrics (None when `name` is None): `port` when given (a replay), else the model
+    `name` as this process's settings build it (a missing key is said now, before any goal runs)."""
+    if name is None:
+        yield None
+        return
+    ledger = make_ledger(settings, redis)
+    if port is not None:
+        yield Judge(port, ledger)
+        return
+    update = {"model": name, "planner_model": None, "executor_model": None, "critic_model": None}
+    models = make_models(settings.model_copy(update=update))
+    try:
+        models.route_of(name)  # builds it: ModelConfigError naming a missing key or an unknown model
+        yield Judge(models, ledger)
+    finally:
+        await close_models(models)
+
+
 def local_settings(settings: Settings, target: Target, prefix: str) -> Settings:
     """The settings of one local fleet: its own key prefix; the target's model for every role."""
     update: dict[str, object] = {"key_prefix": prefix}
@@ -219,7 +256,9 @@ async def run_local(
     concurrency: int,
     run_id: str,
     on_run: Callable[[RunRecord], None] | None = None,
+    judge: str | None = None,
 ) -> list[RunRecord]:
+    """`judge`: the model scoring rubrics (None: no case has one)."""
     records: list[RunRecord] = []
     for n, target in enumerate(targets):
         s = local_settings(settings, target, f"{settings.key_prefix}eval-{run_id}-{n}:")
@@ -235,9 +274,12 @@ async def run_local(
                 raise RuntimeError("the in-process workers stopped before the suite ended")
 
         try:
-            async with connect(s.redis_url, s.home) as redis:
+            async with (
+                connect(s.redis_url, s.home) as redis,
+                judging(s, redis, judge, port if target.replay else None) as judged_by,
+            ):
                 client = Client(redis, keys_for(s), s.default_budget_tokens, s.events_maxlen)
-                fleet = Fleet(client, port, alive, {"eval_run": run_id})
+                fleet = Fleet(client, port, alive, {"eval_run": run_id}, judged_by)
                 try:
                     label = target.label(settings, local=True)
                     records += await _run_jobs(fleet, jobs_for(cases, label, None, repeat), concurrency, on_run)
@@ -264,12 +306,13 @@ async def run_remote(
     concurrency: int,
     run_id: str,
     on_run: Callable[[RunRecord], None] | None = None,
+    judge: str | None = None,
 ) -> list[RunRecord]:
     if any(t.port is not None for t in targets):
         raise ValueError("a model object (a replay) runs only on a local fleet")
-    async with connect(settings.redis_url, settings.home) as redis:
+    async with connect(settings.redis_url, settings.home) as redis, judging(settings, redis, judge) as judged_by:
         client = Client(redis, keys_for(settings), settings.default_budget_tokens, settings.events_maxlen)
-        fleet = Fleet(client, labels={"eval_run": run_id})
+        fleet = Fleet(client, labels={"eval_run": run_id}, judge=judged_by)
         jobs = [j for t in targets for j in jobs_for(cases, t.label(settings, local=False), t.name, repeat)]
         return await _run_jobs(fleet, jobs, concurrency, on_run)
 

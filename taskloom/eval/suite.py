@@ -7,6 +7,7 @@ file, the case and the field.
 
 ```yaml
 exclude_tags: [broken]          # left out unless asked for with --tag broken
+judge: demo                     # the model that scores rubrics (default: TASKLOOM_MODEL)
 defaults: {budget_tokens: 40000, timeout: 60}
 cases:
   - id: refund-a100
@@ -23,6 +24,7 @@ cases:
       max_usd: 0.05
       max_seconds: 20
       max_steps: 10
+    rubric: "Names the refund window; promises no refund it cannot give."   # scored by the judge
 ```
 """
 
@@ -103,7 +105,7 @@ class Case(_Model):
     timeout: float | None = Field(default=None, gt=0, description="seconds before the run counts as failed")
     tags: list[str] = Field(default_factory=list)
     expect: Expect = Field(default_factory=Expect)
-    rubric: str | None = Field(default=None, description="LLM-as-judge rubric (not scored yet, see README)")
+    rubric: str | None = Field(default=None, max_length=10_000, description="what the judge model checks")
 
     def to_goal(self, model: str | None, labels: dict[str, str]) -> Goal:
         """The goal submitted for one run of the case (`model`: the alias it runs on, None: the fleet's)."""
@@ -127,6 +129,7 @@ class Defaults(_Model):
 
 class Suite(_Model):
     name: str = ""
+    judge: str | None = Field(default=None, min_length=1, description="model scoring rubrics (else TASKLOOM_MODEL)")
     defaults: Defaults = Field(default_factory=Defaults)
     exclude_tags: list[str] = Field(default_factory=list, description="left out unless selected with --tag")
     cases: list[Case] = Field(min_length=1)
