@@ -13,14 +13,16 @@ from typing import Any
 import pytest
 import yaml
 from arq.connections import ArqRedis
-from helpers import run_cli
+from helpers import eventually, run_cli
 
+from bus.connection import connect
 from bus.keys import ROLES, Keys
 from bus.ledger import Ledger, LedgerNotFound
 from bus.schemas import GoalState
 from llm.cassette import RecordingModel
 from llm.demo import DemoModel
 from llm.types import ModelRequest, ModelResponse, TextBlock, Usage
+from taskloom import health
 from taskloom.eval import (
     EXIT_GATE,
     EXIT_RERECORD,
@@ -43,7 +45,7 @@ from taskloom.eval import (
 from taskloom.eval.judge import Judge, JudgeReplyError
 from taskloom.eval.judge import parse as parse_judgement
 from taskloom.eval.results import ResultsError, percentile, summarize
-from taskloom.settings import Settings
+from taskloom.settings import Settings, keys_for
 from taskloom.testing import ScriptedModel
 from taskloom.workers import run_workers
 
@@ -352,6 +354,10 @@ async def test_two_models_compared_in_one_run(settings: Settings, tmp_path: Path
     assert moved == {"refund-in-window": "passed→failed", "policy": "passed→failed"}
 
 
+async def _all_alive(redis: ArqRedis, keys: Keys) -> bool:
+    return not await health.missing_roles(redis, keys, ROLES)
+
+
 MODELS_FILE = """
 [models.cheap]
 provider = "demo"
@@ -374,6 +380,8 @@ async def test_remote_fleet_runs_two_aliases_with_goal_model(settings: Settings,
     stop = asyncio.Event()
     fleet = asyncio.create_task(run_workers(list(ROLES), settings, stop=stop, signals=False))
     try:
+        async with connect(settings.redis_url, settings.home) as redis:
+            await eventually(lambda: _all_alive(redis, keys_for(settings)))
         case = {**SMALL["cases"][1], "rubric": "Quotes the refund window."}
         suite = parse_suite({"judge": "pricey", "cases": [case]}, "one")
         options = Options(Path("one"), models=["cheap", "pricey", "nosuch"], out=tmp_path / "r.json")
@@ -390,6 +398,13 @@ async def test_remote_fleet_runs_two_aliases_with_goal_model(settings: Settings,
     assert [r.rubric_passed for r in results.runs if r.model == "cheap"] == [True]
     [failed] = [r for r in results.runs if r.model == "nosuch"]
     assert "no configured alias" in failed.problems[0]
+
+
+async def test_remote_run_without_workers_is_refused_at_once(settings: Settings, tmp_path: Path) -> None:
+    """A remote eval with no live worker says so before submitting anything, instead of timing out."""
+    suite = parse_suite({"cases": [SMALL["cases"][1]]}, "one")
+    with pytest.raises(ValueError, match="no live planner, executor, critic worker on this Redis"):
+        await evaluate(settings, Options(Path("one"), out=tmp_path / "r.json"), suite=suite)
 
 
 async def test_replay_from_cassette_and_changed_prompt_needs_rerecording(settings: Settings, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from llm.cassette import CassetteError
@@ -70,10 +70,10 @@ def targets_for(options: Options, settings: Settings, ports: Mapping[str, ModelP
 
 
 @contextlib.contextmanager
-def progress_bar(console: Console | None, total: int) -> Iterator[tuple[Progress | None, object]]:
+def progress_bar(console: Console | None, total: int) -> Iterator[tuple[Progress | None, TaskID]]:
     """A progress bar on `console` when it is a terminal; nothing otherwise (pipes, CI logs, --json)."""
     if console is None or not console.is_terminal:
-        yield None, None
+        yield None, TaskID(0)
         return
     bar = Progress(
         TextColumn("eval"),
@@ -114,7 +114,7 @@ async def evaluate(
             nonlocal failed
             failed += record.status != "passed"
             if bar is not None:
-                bar.update(task, advance=1, failed=failed)  # type: ignore[arg-type]
+                bar.update(task, advance=1, failed=failed)
 
         runner = run_local if local else run_remote
         records = await runner(

@@ -34,6 +34,7 @@ from llm.cassette import CassetteMiss
 from llm.port import ModelPort
 from llm.types import ModelRequest, ModelResponse
 
+from .. import health
 from ..runner import preflight
 from ..settings import Settings, keys_for
 from ..testing.run import RunResult, collect
@@ -61,6 +62,10 @@ class Target:
         if self.name is not None:
             return self.name
         return settings.model if local else "fleet"
+
+
+class NoFleet(ValueError):
+    """A remote eval found no live worker for some role: its goals would only wait out their timeouts."""
 
 
 class MissLog:
@@ -312,6 +317,10 @@ async def run_remote(
         raise ValueError("a model object (a replay) runs only on a local fleet")
     async with connect(settings.redis_url, settings.home) as redis, judging(settings, redis, judge) as judged_by:
         client = Client(redis, keys_for(settings), settings.default_budget_tokens, settings.events_maxlen)
+        missing = await health.missing_roles(redis, client.keys, ROLES)
+        if missing:
+            roles = ", ".join(missing)
+            raise NoFleet(f"no live {roles} worker on this Redis: start `taskloom worker all`, or pass --local")
         fleet = Fleet(client, labels={"eval_run": run_id}, judge=judged_by)
         jobs = [j for t in targets for j in jobs_for(cases, t.label(settings, local=False), t.name, repeat)]
         return await _run_jobs(fleet, jobs, concurrency, on_run)

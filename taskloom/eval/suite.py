@@ -107,6 +107,11 @@ class Case(_Model):
     expect: Expect = Field(default_factory=Expect)
     rubric: str | None = Field(default=None, max_length=10_000, description="what the judge model checks")
 
+    @model_validator(mode="after")
+    def _a_valid_goal(self) -> Case:
+        self.to_goal(None, {})  # what the goal itself refuses (an empty tool name, ...) is refused on load
+        return self
+
     def to_goal(self, model: str | None, labels: dict[str, str]) -> Goal:
         """The goal submitted for one run of the case (`model`: the alias it runs on, None: the fleet's)."""
         return Goal(
