@@ -390,7 +390,7 @@ async def test_remote_fleet_runs_two_aliases_with_goal_model(settings: Settings,
         stop.set()
         with contextlib.suppress(Exception):
             await fleet
-    assert results.fleet == "remote"
+    assert results.fleet == "remote" and results.judge == "pricey"
     by = {t.model: t for t in results.totals}
     assert (by["cheap"].pass_rate, by["pricey"].pass_rate, by["nosuch"].pass_rate) == (1.0, 1.0, 0.0)
     assert by["cheap"].cost_usd == 0 and by["pricey"].cost_usd > 0

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -107,6 +108,7 @@ async def evaluate(
     models = [t.label(settings, local) for t in targets]
     run_id = new_run_id()
     started = datetime.now(UTC)
+    judge = (suite.judge or settings.model) if any(c.rubric for c in cases) else None
     failed = 0
     with progress_bar(progress, len(cases) * options.repeat * len(targets)) as (bar, task):
 
@@ -125,16 +127,19 @@ async def evaluate(
             concurrency=options.concurrency,
             run_id=run_id,
             on_run=on_run,
-            judge=(suite.judge or settings.model) if any(c.rubric for c in cases) else None,
+            judge=judge,
         )
     records = order(records, cases, models)
     case_sums, totals = summarize(records, models)
-    fleet = "replay" if options.replay is not None else ("local" if local else "remote")
+    fleet: Literal["local", "remote", "replay"] = (
+        "replay" if options.replay is not None else ("local" if local else "remote")
+    )
     results = Results(
         suite=str(options.suite),
         started_at=started,
         finished_at=datetime.now(UTC),
         fleet=fleet,
+        judge=judge,
         repeat=options.repeat,
         models=models,
         runs=records,

@@ -98,6 +98,12 @@ def failures(results: Results) -> Text:
 
 def render(results: Results) -> RenderableType:
     parts: list[RenderableType] = [case_table(results.cases), totals_table(results.totals)]
+    if results.judge is not None:
+        judged = Text(f"rubrics scored by {results.judge}")
+        if results.judge == "demo" and any(m != "demo" for m in results.models):
+            # The demo model accepts every answer: fine for the demo's own runs, no grade of a real model's.
+            judged.append(" (the demo model accepts every answer: set `judge:` in the suite)", style="yellow")
+        parts.append(judged)
     if any(r.status != "passed" for r in results.runs):
         parts.append(failures(results))
     return Group(*parts)

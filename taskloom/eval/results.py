@@ -92,7 +92,8 @@ class Results(_Model):
     suite: str
     started_at: datetime
     finished_at: datetime
-    fleet: str = Field(description="local, replay, or the Redis the fleet was reached on")
+    fleet: Literal["local", "remote", "replay"]
+    judge: str | None = Field(default=None, description="the model that scored rubrics (None: no rubric ran)")
     repeat: int
     models: list[str]
     runs: list[RunRecord]
