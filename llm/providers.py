@@ -104,7 +104,7 @@ def build_model(
     if config.provider == "demo":
         from llm.demo import DemoModel
 
-        return DemoModel()
+        return DemoModel(model=config.model)  # its own id: an alias of the demo is priced as its own model
     key_env = config.key_env()
     key = env.get(key_env) if key_env else None
     if key_env and not key:

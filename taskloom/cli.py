@@ -1086,6 +1086,43 @@ def models(as_json: JsonOpt = False) -> None:
     out.print(table)
 
 
+@app.command("eval")
+def eval_(
+    suite: Annotated[str, typer.Argument(help="the suite file (YAML or JSON); or `compare A.json B.json`")],
+    files: Annotated[list[str] | None, typer.Argument(help="with compare: the two results files")] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", help="a model to run on (repeatable)")] = None,
+    repeat: Annotated[int, typer.Option(min=1, max=1000, help="runs of each case per model")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, max=256, help="goals running at once")] = 4,
+    local: Annotated[bool, typer.Option("--local", help="run the workers in this process")] = False,
+    as_json: JsonOpt = False,
+    min_pass: Annotated[float, typer.Option(min=0, max=1, help="pass rate each model must reach")] = 1.0,
+    max_usd: Annotated[float | None, typer.Option(min=0, help="most the whole run may cost")] = None,
+    replay: Annotated[Path | None, typer.Option(help="a cassette, or a directory of <model>.jsonl")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="run cases tagged T; !T: skip them")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="the results file")] = None,
+) -> None:
+    """Score the fleet on a suite of goals, per model; exit 3 below --min-pass or above --max-usd.
+    `taskloom eval compare A.json B.json` prints what changed between two runs (README "Evaluating
+    your agents")."""
+    from .eval import command as ev
+
+    try:
+        if suite == "compare":
+            if len(files or []) != 2:
+                _fail(EXIT_INVALID, "compare: expected two results files: taskloom eval compare A.json B.json")
+            a, b = (Path(f) for f in files or [])
+            raise typer.Exit(ev.compare_files(a, b, as_json, out))
+        if files:
+            _fail(EXIT_INVALID, f"unexpected argument {files[0]!r} after the suite file")
+        options = ev.Options(
+            Path(suite), model or [], repeat, concurrency, local, min_pass, max_usd, replay, tag or [], out_file
+        )
+        settings = _settings()
+        raise typer.Exit(_guarded(lambda: _arun(ev.main(settings, options, as_json, out, err))))
+    except (*ev.INVALID, ValueError) as exc:
+        _fail(EXIT_INVALID, str(exc))
+
+
 @app.command()
 def mcp(
     http: Annotated[bool, typer.Option("--http", help="serve streamable HTTP instead of stdio")] = False,
