@@ -549,9 +549,17 @@ async def test_a_denied_call_never_ran_and_the_model_is_told_so(
 
 
 async def test_an_approval_request_carries_the_earlier_calls_of_its_tool_in_the_task(
-    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer, counter: Any
+    redis: ArqRedis,
+    keys: Keys,
+    settings: Settings,
+    model: AnthropicModel,
+    fake: FakeAnthropicServer,
+    counter: Any,
+    subprocess_env: dict[str, str],
 ) -> None:
-    """A new refund in the retry asks again, and the request shows attempt 1's refund and how it ended."""
+    """A new refund in the retry asks again; the request (and `taskloom status`) shows attempt 1's refund."""
+    from helpers import run_cli
+
     env = await start_task(redis, keys, settings, model, ["refund"])
     a1, a2 = tool_reply([("refund", {"order": "A1"})]), tool_reply([("refund", {"order": "A2"})])
     fake.enqueue(a1, text_reply("done"), a2)
@@ -575,6 +583,8 @@ async def test_an_approval_request_carries_the_earlier_calls_of_its_tool_in_the_
     }
     [pending] = await env.client.pending_approvals(goal_id=env.goal_id)
     assert [(e.attempt, e.outcome) for e in pending.earlier] == [(1, "ok")]
+    status = run_cli("status", env.goal_id, env=subprocess_env)
+    assert 'earlier, attempt 1: refund({"order": "A1"}) -> ok: refunded A1' in status.stdout, status.stdout
 
 
 async def test_a_read_only_call_that_failed_is_run_again_when_the_model_retries_it(
