@@ -18,7 +18,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
+from llm.types import ToolUseBlock
+
 from . import events as ev
+from .attempts import AttemptStore
 from .keys import Keys
 from .schemas import GOAL_TERMINAL, Event, GoalState
 from .store import NotFound
@@ -184,6 +187,24 @@ class ApprovalBook:
             args=[call_id, body, member(goal_id, call_id), now_ms, ev.encode(event), self.maxlen],
         )
         return bool(out)
+
+    async def earlier_calls(self, goal_id: str, task_id: str, attempt: int, tool: str) -> list[EarlierCall]:
+        """The task's stored calls of `tool` in attempts 1..`attempt` (that one's completed steps too),
+        oldest first, each with how it ended: what a new request carries. Read from the attempts'
+        steps, only when a request is made (rare)."""
+        found: list[EarlierCall] = []
+        for n in range(1, attempt + 1):
+            for step in await AttemptStore(self.redis, self.keys, goal_id, task_id, n).steps():
+                outcomes = {o.call_id: o for o in step.outcomes}
+                for block in step.assistant.content:
+                    if not isinstance(block, ToolUseBlock) or block.name != tool or block.id not in outcomes:
+                        continue
+                    o = outcomes[block.id]
+                    cut = o.full if len(o.full) <= EARLIER_RESULT_LIMIT else o.full[:EARLIER_RESULT_LIMIT] + " [...]"
+                    found.append(
+                        EarlierCall(attempt=n, call_id=block.id, input=block.input, outcome=o.outcome, result=cut)
+                    )
+        return found
 
     async def decision(self, goal_id: str, call_id: str) -> str | None:
         """The stored form of the call's decision (`ApprovalDecision.encode`), None if undecided."""

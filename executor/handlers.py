@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import structlog
 
+from bus.approvals import ApprovalBook
 from bus.attempts import AttemptStore, LeaseLost, Pending, claim_expired, drop_lease, now_ms
 from bus.batch import run_scripts
 from bus.effects import SideEffects
@@ -268,7 +269,7 @@ async def _make_loop(
         attempt=job.attempt,
         store=store,
         history=History(),
-        approvals=RedisApprovals(rt.redis, rt.keys, job.goal_id, rt.events.maxlen),
+        approvals=RedisApprovals(ApprovalBook(rt.redis, rt.keys, rt.events.maxlen), job.goal_id),
         effects=SideEffects(rt.redis, rt.keys),
     )
     gateway = ToolGateway(

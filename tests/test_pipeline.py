@@ -75,7 +75,7 @@ async def fx(redis: ArqRedis, keys: Keys) -> Fixture:
         attempt=1,
         store=store,
         history=History(),
-        approvals=RedisApprovals(redis, keys, GOAL),
+        approvals=RedisApprovals(ApprovalBook(redis, keys), GOAL),
         effects=effects,
     )
     names = ["slow_a", "count", "charge", "refund", "wipe", "big", "hang", "flaky"]

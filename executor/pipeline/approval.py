@@ -12,11 +12,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from redis.asyncio import Redis
-
-from bus.approvals import EARLIER_RESULT_LIMIT, ApprovalBook, ApprovalDecision, EarlierCall
-from bus.attempts import AttemptStore
-from bus.keys import Keys
+from bus.approvals import ApprovalBook, ApprovalDecision
 from bus.schemas import Event
 from llm.types import ToolUseBlock
 
@@ -42,35 +38,16 @@ class Approvals:
         raise NotImplementedError
 
 
-async def earlier_calls(redis: Redis, keys: Keys, ctx: ToolContext, tool: str) -> list[EarlierCall]:
-    """The task's stored calls of `tool` in every attempt so far (this one's completed steps too),
-    oldest first, each with how it ended. Read only when a request is made (rare), from the steps."""
-    found: list[EarlierCall] = []
-    for attempt in range(1, ctx.attempt + 1):
-        steps = await AttemptStore(redis, keys, ctx.goal_id, ctx.task_id, attempt).steps()
-        for step in steps:
-            outcomes = {o.call_id: o for o in step.outcomes}
-            for block in step.assistant.content:
-                if isinstance(block, ToolUseBlock) and block.name == tool and block.id in outcomes:
-                    o = outcomes[block.id]
-                    cut = o.full if len(o.full) <= EARLIER_RESULT_LIMIT else o.full[:EARLIER_RESULT_LIMIT] + " [...]"
-                    found.append(
-                        EarlierCall(attempt=attempt, call_id=block.id, input=block.input, outcome=o.outcome, result=cut)
-                    )
-    return found
-
-
 class RedisApprovals(Approvals):
-    def __init__(self, redis: Redis, keys: Keys, goal_id: str, events_maxlen: int = 10_000) -> None:
-        self.redis, self.keys = redis, keys
-        self.book = ApprovalBook(redis, keys, events_maxlen)
+    def __init__(self, book: ApprovalBook, goal_id: str) -> None:
+        self.book = book
         self.goal_id = goal_id
 
     async def decision(self, call_id: str) -> ApprovalDecision | None:
         return await self.book.decided(self.goal_id, call_id)
 
     async def request(self, call: ToolUseBlock, ctx: ToolContext) -> None:
-        earlier = await earlier_calls(self.redis, self.keys, ctx, call.name)
+        earlier = await self.book.earlier_calls(ctx.goal_id, ctx.task_id, ctx.attempt, call.name)
         event = Event(
             type="tool.approval_requested",
             goal_id=self.goal_id,
