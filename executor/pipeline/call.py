@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from bus.effects import SideEffects
 
     from .approval import Approvals
-    from .repeats import History
+    from .repeats import History, Seen
 
 
 def digest(args: dict[str, Any]) -> str:
@@ -44,8 +44,7 @@ class Call:
     answered_by: str = ""
     started: float = field(default_factory=time.perf_counter)
     traced: bool = False  # `invoke` opened the call's span (a refused call gets one when recorded)
-    claimed: bool = False  # `invoke` claimed it in the side-effect ledger: `record` stores how it ended
-    seen: Any = None  # its entry in the repeat history (`repeats.Seen`), updated when answered
+    seen: Seen | None = None  # its entry in the repeat history, updated when the call is answered
 
     @property
     def digest(self) -> str:
