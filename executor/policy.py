@@ -1,5 +1,6 @@
-"""Pure decisions of the ReAct loop: when to stop, what a model reply means, what counts as a loop,
-and how to condense a long history. No I/O here; `executor.loop` applies these."""
+"""Pure decisions of the ReAct loop: when to stop, what a model reply means, and how to condense a
+long history. No I/O here; `executor.loop` applies these. What counts as a repeated tool call is a
+rule of the tool-call pipeline (`executor.pipeline.repeats`), not of the loop."""
 
 from __future__ import annotations
 
