@@ -444,6 +444,11 @@ def status(goal_id: str, as_json: JsonOpt = False) -> None:
             f"{call_id}  {req.get('tool')}({args[:200]})  task {req.get('task_id')}",
             f"  -> taskloom approve {g.id} {call_id}  |  taskloom deny {g.id} {call_id} --reason ...",
         )
+        for e in req.get("earlier") or []:  # what this task's earlier calls of the tool already did
+            before = json.dumps(e.get("input"), default=str)[:120]
+            result = " ".join(str(e.get("result", "")).split())[:200]
+            attempt, outcome = e.get("attempt"), e.get("outcome")
+            show(f"    earlier, attempt {attempt}: {req.get('tool')}({before}) -> {outcome}: {result}")
     if g.answer:
         show("\n", ("answer", "bold"), "\n", g.answer)
 
