@@ -12,7 +12,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +25,7 @@ from helpers import TASKLOOM, eventually, run_cli
 from openapi_spec_validator import validate
 from redis.asyncio import Redis
 
-from bus.approvals import ApprovalBook
+from bus.approvals import ApprovalBook, EarlierCall
 from bus.client import Client
 from bus.goal_index import BadCursor, GoalIndex
 from bus.keys import Keys
@@ -336,7 +336,7 @@ async def test_events_stream_resumes_after_last_event_id_and_ends_with_the_goal(
 # -- approvals ---------------------------------------------------------------------------------
 
 
-async def _ask(api: Api, text: str, call_id: str, tool: str = "wipe") -> str:
+async def _ask(api: Api, text: str, call_id: str, tool: str = "wipe", earlier: Sequence[EarlierCall] = ()) -> str:
     """A goal whose task `t1` asks for approval of one call, as the executor records it."""
     gid = await api.client.submit(text)
     await api.client.store.transition_goal(gid, GoalState.PLANNING)
@@ -344,7 +344,7 @@ async def _ask(api: Api, text: str, call_id: str, tool: str = "wipe") -> str:
     await api.client.store.save_plan(gid, Plan(tasks=[spec]), 0)
     event = Event(type="tool.approval_requested", goal_id=gid, task_id="t1", data={"call_id": call_id})
     book = ApprovalBook(api.client.redis, api.client.keys)
-    assert await book.request(gid, call_id, "t1", 1, tool, {"target": "prod"}, event)
+    assert await book.request(gid, call_id, "t1", 1, tool, {"target": "prod"}, event, earlier)
     assert not await book.request(gid, call_id, "t1", 1, tool, {"target": "prod"}, event)  # asked twice: once
     return gid
 
@@ -352,7 +352,8 @@ async def _ask(api: Api, text: str, call_id: str, tool: str = "wipe") -> str:
 async def test_approvals_inbox_lists_across_goals_and_records_who_decided(api: Api) -> None:
     """Pending calls of every running goal, with tool, arguments and asker; a decision names its token."""
     g1 = await _ask(api, "first goal", "call-1")
-    g2 = await _ask(api, "second goal", "call-2", tool="charge")
+    before = EarlierCall(attempt=1, call_id="call-0", input={"amount": 5}, outcome="ok", result="charged 5")
+    g2 = await _ask(api, "second goal", "call-2", tool="charge", earlier=[before])
     g3 = await _ask(api, "cancelled goal", "call-3")
     await api.client.cancel(g3)
     inbox = (await api.http.get("/v1/approvals", headers=api.auth("reader"))).json()["approvals"]
@@ -360,7 +361,9 @@ async def test_approvals_inbox_lists_across_goals_and_records_who_decided(api: A
         (g1, "call-1", "wipe"),
         (g2, "call-2", "charge"),
     ]
-    assert inbox[0]["arguments"] == {"target": "prod"}
+    assert inbox[0]["arguments"] == {"target": "prod"} and inbox[0]["earlier"] == []
+    # What already happened in the task travels with the request: the person deciding sees it.
+    assert inbox[1]["earlier"] == [before.model_dump(mode="json")]
     assert (inbox[0]["goal_text"], inbox[0]["task_id"], inbox[0]["task_title"]) == ("first goal", "t1", "wipe the disk")
 
     r = await api.http.post(f"/v1/approvals/{g1}/call-1/approve", headers=api.auth("reader"))

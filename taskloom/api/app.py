@@ -647,6 +647,7 @@ def create_app(
                         tool=p.tool,
                         arguments=p.arguments,
                         requested_at=datetime.fromtimestamp(p.requested_at, UTC),
+                        earlier=p.earlier,
                     )
                 )
         return m.ApprovalList(approvals=out)

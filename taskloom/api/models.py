@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from bus.approvals import EarlierCall
 from bus.schemas import Goal, GoalRecord, GoalState, StoredPlan, TaskRecord
 from bus.stops import TaskStop
 from llm.types import Usage
@@ -179,6 +180,10 @@ class ApprovalOut(_Out):
     tool: str
     arguments: dict[str, Any]
     requested_at: datetime
+    earlier: list[EarlierCall] = Field(
+        default_factory=list,
+        description="the task's earlier calls of this tool, every attempt so far, and how each ended",
+    )
 
 
 class ApprovalList(_Out):
