@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -83,16 +82,38 @@ class Console:
         return path
 
 
-def _start_api(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _spawn_api(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        proc = subprocess.Popen([*TASKLOOM, "api", "--port", "0"], env=env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while True:
-        m = re.search(r"^console: (\S+)$", log.read_text(), re.M)
-        if m:
-            return proc, m.group(1)
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
+        return subprocess.Popen([*TASKLOOM, "api", "--port", "0"], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _printed_url(proc: subprocess.Popen[bytes], log: Path) -> str | None:
+    """The console URL a starting `taskloom api` prints (None: not yet); fails if it exited."""
+    text = log.read_text()
+    assert proc.poll() is None, text
+    m = re.search(r"^console: (\S+)$", text, re.M)
+    return m.group(1) if m else None
+
+
+async def _api_url(proc: subprocess.Popen[bytes], log: Path) -> str:
+    """The console URL of a starting `taskloom api`, once it answers `/readyz`."""
+
+    async def started() -> bool:
+        return _printed_url(proc, log) is not None
+
+    await eventually(started, timeout=60)
+    url = _printed_url(proc, log)
+    assert url is not None
+    async with httpx2.AsyncClient(base_url=url, trust_env=False, timeout=10) as http:
+
+        async def ready() -> bool:
+            try:
+                return (await http.get("/readyz")).status_code == 200
+            except httpx2.TransportError:
+                return False
+
+        await eventually(ready, timeout=30)
+    return url
 
 
 GATED = "(needs approval)"
@@ -137,37 +158,34 @@ async def _serve(
     name: str,
     roles: tuple[str, ...],
 ) -> AsyncIterator[Console]:
-    """A `taskloom api` process (with one `taskloom worker <role>` per role) and a headless Chromium."""
+    """A `taskloom api` process (with one `taskloom worker <role>` per role) and a headless Chromium,
+    all three started at once (each takes seconds on a busy machine)."""
     responder = WipeAware(plans={}, calls={"w": [("wipe", {"target": "staging"})]})
     tokens = ",".join(entry_for(n, s, f"token-{n}") for n, s in TOKENS.items())
+    api_log = tmp_path / "api.log"
     with FakeAnthropicServer() as fake:
         fake.respond_with(responder)
         env = worker_env(subprocess_env, fake, tmp_path)
-        async with fleet(env, tmp_path, *roles):
-            proc, url = _start_api({**subprocess_env, "TASKLOOM_API_TOKENS": tokens}, tmp_path / "api.log")
-            try:
-                async with httpx2.AsyncClient(base_url=url, trust_env=False, timeout=10) as http:
-
-                    async def ready() -> bool:
-                        try:
-                            return (await http.get("/readyz")).status_code == 200
-                        except httpx2.TransportError:
-                            return False
-
-                    await eventually(ready, timeout=30)
-                async with async_playwright() as pw:
-                    browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                    c = Console(url, Client(redis, keys, 200_000), browser, fake, name, [])
-                    try:
+        proc = _spawn_api({**subprocess_env, "TASKLOOM_API_TOKENS": tokens}, api_log)
+        try:
+            async with async_playwright() as pw:
+                launch = asyncio.create_task(pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS))
+                try:
+                    async with fleet(env, tmp_path, *roles):
+                        url = await _api_url(proc, api_log)
+                        c = Console(url, Client(redis, keys, 200_000), await launch, fake, name, [])
                         yield c
-                    finally:
-                        await browser.close()
-                assert not c.errors, c.errors  # no JavaScript error on any page
-                assert not responder.unrouted
-            finally:
-                proc.terminate()
-                proc.wait(20)
-                print(f"--- api.log ---\n{(tmp_path / 'api.log').read_text()[-3000:]}")
+                finally:
+                    if not launch.done():
+                        launch.cancel()
+                    elif not launch.cancelled() and launch.exception() is None:
+                        await launch.result().close()
+            assert not c.errors, c.errors  # no JavaScript error on any page
+            assert not responder.unrouted
+        finally:
+            proc.terminate()
+            proc.wait(20)
+            print(f"--- api.log ---\n{api_log.read_text()[-3000:]}")
 
 
 @pytest.fixture
@@ -487,8 +505,9 @@ async def test_an_unknown_goal_says_so_and_stops(idle_console: Console) -> None:
 
 async def test_noscript_points_to_documentation_that_exists(idle_console: Console) -> None:
     """Without JavaScript the page names where the API is documented, and each link it gives answers 200."""
-    viewport = {"width": PHONE, "height": 600}
-    context = await idle_console.browser.new_context(java_script_enabled=False, viewport=viewport)
+    context = await idle_console.browser.new_context(
+        java_script_enabled=False, viewport={"width": PHONE, "height": 600}
+    )
     page = await context.new_page()
     await page.goto(idle_console.url)
     note = page.locator("noscript p")
