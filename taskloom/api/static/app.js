@@ -148,7 +148,7 @@
     setStatus(es, "connecting", false);
     es.onopen = () => setStatus(es, "live", true);
     es.onerror = () => setStatus(es, es.readyState === EventSource.CLOSED ? "disconnected" : "reconnecting", false);
-    es.onmessage = (m) => onEvent(JSON.parse(m.data));
+    es.onmessage = (m) => onEvent(JSON.parse(m.data), m.lastEventId);
     es.addEventListener("end", () => {
       es.close();
       setStatus(es, "ended", false);
@@ -172,12 +172,14 @@
 
   function startHub() {
     if (hub.es && hub.es.readyState !== EventSource.CLOSED) return;
-    const reopened = hub.es !== null;
-    hub.es = openStream("/v1/events?after=$", (e) => hub.listeners.forEach((fn) => fn(e)));
-    if (!liveOwner || liveOwner.readyState === EventSource.CLOSED) liveOwner = hub.es;
+    const old = hub.es;
+    // This stream never ends by itself: an `end` (a server shutting down) means reconnect.
+    hub.es = openStream("/v1/events?after=$", (e) => hub.listeners.forEach((fn) => fn(e)),
+      () => setTimeout(() => { if (me) startHub(); }, 1000));
+    if (!liveOwner || liveOwner === old) liveOwner = hub.es;
     paintLive();
     // Events may have passed while it was closed: let everyone re-read.
-    if (reopened) hub.listeners.forEach((fn) => fn({ type: "console.reconnected" }));
+    if (old) hub.listeners.forEach((fn) => fn({ type: "console.reconnected" }));
   }
   function stopHub() {
     if (hub.es) hub.es.close();
@@ -192,17 +194,19 @@
 
   // -- pending approvals: one list for the badge, the goals table and the inbox -----------------
 
-  const pending = { items: [], byGoal: new Map(), listeners: new Set(), seen: "" };
+  const pending = { items: [], byGoal: new Map(), listeners: new Set(), seen: "", asked: 0 };
 
   // Re-reads the pending calls; tells the listeners only when the set changed. Returns the error, if any.
   async function refreshPending() {
     if (!can("read")) return null;
+    const asked = ++pending.asked;
     let items;
     try {
       items = (await api("/v1/approvals?limit=500")).approvals;
     } catch (e) {
       return e; // the next event or poll tries again
     }
+    if (asked !== pending.asked) return null; // a later read is under way: its answer is newer
     const badge = $("#approval-count");
     badge.hidden = !items.length;
     badge.textContent = items.length >= 500 ? "500+" : String(items.length);
@@ -681,7 +685,18 @@
 
     await refresh(first);
     const soon = debounce(refresh, 150);
-    viewStream(`/v1/goals/${encodeURIComponent(id)}/events`, (e) => { addEvent(e); soon(); }, () => refresh());
+    let after = null; // the last event shown
+    const follow = () => viewStream(`/v1/goals/${encodeURIComponent(id)}/events${after ? `?after=${after}` : ""}`,
+      (e, position) => { after = position || after; addEvent(e); soon(); },
+      async () => {
+        // `end` means the goal ended; should a server say it while the goal runs, follow on.
+        const s = await api(`/v1/goals/${encodeURIComponent(id)}`).catch(() => null);
+        if (s && !TERMINAL.includes(s.goal.state) && !closed) follow();
+        refresh(s || undefined);
+      });
+    let closed = false;
+    routeCleanup.push(() => { closed = true; });
+    follow();
     // A decision taken here or elsewhere shows in the goal's own stream; this catches a poll's news.
     onPending(soon);
   }
