@@ -340,9 +340,9 @@
       h("div", { class: "toolbar" }, h("h1", {}, "Goals"), h("span", { class: "muted" }, "newest first"), filter,
         can("submit") ? h("a", { href: "#/submit" }, "+ submit a goal") : null),
       msg,
-      h("table", { id: "goals" },
+      h("div", { class: "table-wrap" }, h("table", { id: "goals" },
         h("thead", {}, h("tr", {}, ["goal", "state", "progress", "tokens", "age", "id"].map((c) => h("th", {}, c)))),
-        body),
+        body)),
       h("p", {}, more)
     );
     put(view(), panel);
