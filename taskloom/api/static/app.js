@@ -141,12 +141,15 @@
   // An EventSource on `path` (the token goes as a parameter: EventSource cannot send headers).
   // It reconnects by itself, sending Last-Event-ID, so nothing is missed across a drop; when the
   // browser gives up (a 4xx answer), it says so instead of "reconnecting".
-  function openStream(path, onEvent, onEnd) {
+  function openStream(path, onEvent, onEnd, onOpen) {
     const sep = path.includes("?") ? "&" : "?";
     const url = token() ? `${path}${sep}access_token=${encodeURIComponent(token())}` : path;
     const es = new EventSource(url);
     setStatus(es, "connecting", false);
-    es.onopen = () => setStatus(es, "live", true);
+    es.onopen = () => {
+      setStatus(es, "live", true);
+      if (onOpen) onOpen();
+    };
     es.onerror = () => setStatus(es, es.readyState === EventSource.CLOSED ? "disconnected" : "reconnecting", false);
     es.onmessage = (m) => onEvent(JSON.parse(m.data), m.lastEventId);
     es.addEventListener("end", () => {
@@ -173,13 +176,14 @@
   function startHub() {
     if (hub.es && hub.es.readyState !== EventSource.CLOSED) return;
     const old = hub.es;
-    // This stream never ends by itself: an `end` (a server shutting down) means reconnect.
-    hub.es = openStream("/v1/events?after=$", (e) => hub.listeners.forEach((fn) => fn(e)),
-      () => setTimeout(() => { if (me) startHub(); }, 1000));
+    const tell = (e) => hub.listeners.forEach((fn) => fn(e));
+    // `$` means "from when the stream opens": what happened before (while a view read its data,
+    // or while the stream was closed) is not in it, so every (re)opening lets everyone re-read.
+    // It never ends by itself: an `end` (a server shutting down) means reconnect.
+    hub.es = openStream("/v1/events?after=$", tell, () => setTimeout(() => { if (me) startHub(); }, 1000),
+      () => tell({ type: "console.connected" }));
     if (!liveOwner || liveOwner === old) liveOwner = hub.es;
     paintLive();
-    // Events may have passed while it was closed: let everyone re-read.
-    if (old) hub.listeners.forEach((fn) => fn({ type: "console.reconnected" }));
   }
   function stopHub() {
     if (hub.es) hub.es.close();
@@ -225,7 +229,7 @@
     routeCleanup.push(() => pending.listeners.delete(fn));
   }
   const touchesApprovals = (e) => e.type.startsWith("tool.approval") || e.type === "goal.state"
-    || e.type === "console.reconnected";
+    || e.type === "console.connected";
   hub.listeners.add((e) => { if (touchesApprovals(e)) refreshPendingSoon(); });
 
   // -- the fleet: a banner when a role has no live worker ---------------------------------------
@@ -424,12 +428,13 @@
     }
     filter.addEventListener("change", () => load("reset"));
     more.addEventListener("click", () => load("more"));
-    await load("reset");
     // Live: any goal's event re-reads the shown rows (debounced); the badges follow the pending
-    // calls; ages tick every second.
+    // calls; ages tick every second. Listening starts before the first read, so nothing that
+    // happens during it is missed.
     const refresh = debounce(() => load("refresh"), 250);
     onAnyEvent(refresh);
     onPending(draw);
+    await load("reset");
     const ticker = setInterval(() => {
       for (const td of document.querySelectorAll("td.age")) td.textContent = age(td.dataset.since);
     }, 1000);
