@@ -354,7 +354,8 @@ async def placeholder_room(page: Page, selector: str) -> tuple[float, float]:
 
 async def test_pending_calls_show_on_every_page_and_are_decided_on_the_goal_page(console: Console) -> None:
     """The Approvals badge and the goals table follow pending calls live outside the inbox; a goal's page shows
-    its waiting call inline, Approve there runs it, and the confirmation stays until dismissed."""
+    its waiting call inline, Approve there runs it, the confirmation stays until dismissed, and the
+    ledger names each role's model."""
     page = await console.page()
     await page.wait_for_selector("#goals-body", timeout=WAIT_MS)
     gids = [await console.client.submit(f"Wipe disk {i} {GATED}") for i in range(3)]
@@ -391,6 +392,10 @@ async def test_pending_calls_show_on_every_page_and_are_decided_on_the_goal_page
     assert gid[:12] in await notice.inner_text()
     await page.wait_for_selector('#approval-count:text-is("1")', timeout=WAIT_MS)
     await page.wait_for_selector('[data-testid="goal-state"].succeeded', timeout=WAIT_MS)
+    # The ledger names the model each role's calls went to.
+    for role in ("planner", "executor", "critic"):
+        row = page.locator(f'#ledger tr:has(td:text-is("model · {role}"))')
+        await row.locator('td:text-is("claude-test")').wait_for(timeout=WAIT_MS)
     assert await page.locator("#goal-approvals-panel").is_hidden()
     assert await page.locator('[data-testid="goal-waiting"]').count() == 0
     await asyncio.sleep(1.5)  # the page redrew since: the confirmation is still there

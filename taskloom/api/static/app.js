@@ -518,7 +518,13 @@
             h("span", { class: "mono muted goal-id", title: a.goal_id }, shortId(a.goal_id)))] : null,
           h("dt", {}, "asked by"), h("dd", {}, `task ${a.task_id}${a.task_title ? `: ${a.task_title}` : ""} (attempt ${a.attempt})`),
           h("dt", {}, "call"), h("dd", { class: "mono" }, a.call_id),
-          h("dt", {}, "arguments"), h("dd", {}, h("pre", { class: "args" }, JSON.stringify(a.arguments, null, 2))))),
+          h("dt", {}, "arguments"), h("dd", {}, h("pre", { class: "args" }, JSON.stringify(a.arguments, null, 2))),
+          // What already happened: the task's earlier calls of this tool (a retry may repeat a done one).
+          (a.earlier || []).length ? [h("dt", {}, "earlier calls"), h("dd", { class: "earlier" },
+            h("ul", {}, a.earlier.map((x) => h("li", {},
+              h("b", {}, x.outcome), ` · attempt ${x.attempt} · `,
+              h("span", { class: "mono" }, JSON.stringify(x.input)),
+              x.result ? h("div", { class: "muted" }, x.result) : null))))] : null)),
       can("approve")
         ? h("div", { class: "actions" }, reason,
           h("span", { class: "hint muted" }, "A denial's reason is shown to the model."),
@@ -672,7 +678,10 @@
         ["· cache write", fmt(l.spent_cache_write)], ["· unknown (forfeited)", fmt(l.spent_unknown)],
         ["reserved", `${fmt(l.reserved)} (${l.open} open)`], ["headroom", fmt(l.headroom)],
         ["model calls", fmt(l.calls)], ["refused", fmt(l.refusals)], ["cost", `$${l.cost_usd.toFixed(4)}`],
+        // The model each role's calls went to (an alias of the models file, or a model id).
+        ...["planner", "executor", "critic"].filter((r) => (l.served_by || {})[r]).map((r) => [`model · ${r}`, l.served_by[r]]),
       ];
+      if (l.usage_unknown) rows.push(["calls without usage (charged in full)", fmt(l.usage_unknown)]);
       put(ledger, bar(l.budget ? (l.spent + l.reserved) / l.budget : 0, "tokens"),
         h("table", { class: "ledger" }, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, v))))));
     }
