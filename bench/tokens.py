@@ -35,7 +35,8 @@ from bus.events import EventLog
 from bus.runtime import Limits
 from bus.schemas import Goal, GoalRecord, TaskSpec
 from executor.gateway import ToolGateway
-from executor.loop import Approvals, Loop, TaskInput
+from executor.loop import Loop, TaskInput
+from executor.pipeline import Attempt, History
 from executor.registry import load_registry
 from llm.anthropic import AnthropicModel
 from llm.port import ModelPort
@@ -105,6 +106,8 @@ async def one_loop(bench: Bench, config: Config, steps: int, cache_min: int) -> 
         {"fetch"},
         EventLog(bench.redis, bench.keys),
         output_limit=config.output_limit,
+        attempt=Attempt(goal_id=gid, task_id=spec.id, attempt=1, store=store, history=History()),
+        loop_window=limits.loop_window,
     )
     with FakeAnthropicServer(cache_min_tokens=cache_min) as fake:
         fake.respond_with(Responder(delay=0.0))
@@ -112,7 +115,7 @@ async def one_loop(bench: Bench, config: Config, steps: int, cache_min: int) -> 
         model: ModelPort = CacheSwitch(inner, config.cache)
         try:
             loop = Loop(
-                TaskInput(goal=goal, spec=spec, attempt=1), store, model, gateway, Approvals(), limits, never_cancelled
+                TaskInput(goal=goal, spec=spec, attempt=1), store, model, gateway, limits, never_cancelled
             )
             result = await loop.run()
         finally:

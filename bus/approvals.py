@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
+from llm.types import ToolUseBlock
+
 from . import events as ev
+from .attempts import AttemptStore
 from .keys import Keys
 from .schemas import GOAL_TERMINAL, Event, GoalState
 from .store import NotFound
@@ -71,8 +75,25 @@ class AlreadyDecided(NotFound):
         return (type(self), (self.goal_id, self.call_id, self.decision))
 
 
+EARLIER_RESULT_LIMIT = 500  # characters of an earlier call's result kept on a request
+
+
+class EarlierCall(BaseModel):
+    """An earlier call of the same tool in the same task, as the person deciding sees it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempt: int
+    call_id: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    outcome: str = Field(description="how it ended: ok, error, denied, unknown_outcome, ... (bus.attempts.Outcome)")
+    result: str = Field(default="", description=f"what it returned, cut to {EARLIER_RESULT_LIMIT} characters")
+
+
 class ApprovalRequest(BaseModel):
-    """What a tool call awaiting approval stores: which task attempt asked, with which tool and input."""
+    """What a tool call awaiting approval stores: which task attempt asked, with which tool and input,
+    and how the task's earlier calls of that tool ended (so the person deciding sees what already
+    happened: a refund done in attempt 1 is not a new refund to approve blindly)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -81,6 +102,7 @@ class ApprovalRequest(BaseModel):
     tool: str
     input: dict[str, Any]
     at: float = Field(description="when the call asked (Unix seconds)")
+    earlier: list[EarlierCall] = Field(default_factory=list, description="earlier calls of this tool in this task")
 
 
 class ApprovalDecision(BaseModel):
@@ -113,6 +135,7 @@ class PendingApproval(BaseModel):
     tool: str
     arguments: dict[str, Any] = Field(description="the arguments the model wrote, as it wrote them")
     requested_at: float = Field(description="when the call asked (Unix seconds)")
+    earlier: list[EarlierCall] = Field(default_factory=list, description="earlier calls of this tool in this task")
 
 
 def _s(v: Any) -> str:
@@ -142,11 +165,21 @@ class ApprovalBook:
         ]
 
     async def request(
-        self, goal_id: str, call_id: str, task_id: str, attempt: int, tool: str, arguments: dict[str, Any], event: Event
+        self,
+        goal_id: str,
+        call_id: str,
+        task_id: str,
+        attempt: int,
+        tool: str,
+        arguments: dict[str, Any],
+        event: Event,
+        earlier: Sequence[EarlierCall] = (),
     ) -> bool:
         """Record that a call awaits approval, put it in the inbox and emit `event`. False if already there."""
         # json.dumps(default=str): a tool input the model sent is plain JSON already.
-        request = ApprovalRequest(task_id=task_id, attempt=attempt, tool=tool, input=arguments, at=time.time())
+        request = ApprovalRequest(
+            task_id=task_id, attempt=attempt, tool=tool, input=arguments, at=time.time(), earlier=list(earlier)
+        )
         body = json.dumps(request.model_dump(mode="json"), default=str)
         now_ms = int(time.time() * 1000)
         out = await self._request(
@@ -154,6 +187,24 @@ class ApprovalBook:
             args=[call_id, body, member(goal_id, call_id), now_ms, ev.encode(event), self.maxlen],
         )
         return bool(out)
+
+    async def earlier_calls(self, goal_id: str, task_id: str, attempt: int, tool: str) -> list[EarlierCall]:
+        """The task's stored calls of `tool` in attempts 1..`attempt` (that one's completed steps too),
+        oldest first, each with how it ended: what a new request carries. Read from the attempts'
+        steps, only when a request is made (rare)."""
+        found: list[EarlierCall] = []
+        for n in range(1, attempt + 1):
+            for step in await AttemptStore(self.redis, self.keys, goal_id, task_id, n).steps():
+                outcomes = {o.call_id: o for o in step.outcomes}
+                for block in step.assistant.content:
+                    if not isinstance(block, ToolUseBlock) or block.name != tool or block.id not in outcomes:
+                        continue
+                    o = outcomes[block.id]
+                    cut = o.full if len(o.full) <= EARLIER_RESULT_LIMIT else o.full[:EARLIER_RESULT_LIMIT] + " [...]"
+                    found.append(
+                        EarlierCall(attempt=n, call_id=block.id, input=block.input, outcome=o.outcome, result=cut)
+                    )
+        return found
 
     async def decision(self, goal_id: str, call_id: str) -> str | None:
         """The stored form of the call's decision (`ApprovalDecision.encode`), None if undecided."""
@@ -236,6 +287,7 @@ class ApprovalBook:
                         tool=body["tool"],
                         arguments=body.get("input") or {},
                         requested_at=float(body.get("at") or score / 1000),
+                        earlier=body.get("earlier") or [],
                     )
                 )
         if stale:

@@ -28,9 +28,21 @@ from .events import encode
 from .keys import Keys
 from .schemas import Event, TaskResult
 
-# How one tool call ended (the gateway decides; the step record keeps it).
+# How one tool call ended (the gateway decides; the step record keeps it). `repeated`: answered
+# with a warning instead of running (an identical call already succeeded); `loop`: repeated again
+# after that warning, which ends the attempt (`loop_detected`).
 Outcome = Literal[
-    "ok", "not_allowed", "unknown_tool", "invalid_args", "error", "timeout", "denied", "unknown_outcome", "cancelled"
+    "ok",
+    "not_allowed",
+    "unknown_tool",
+    "invalid_args",
+    "error",
+    "timeout",
+    "denied",
+    "unknown_outcome",
+    "cancelled",
+    "repeated",
+    "loop",
 ]
 
 

@@ -91,6 +91,14 @@ class Client:
         same id stores nothing new and re-enqueues its planner job if it never started (the job
         id is deterministic, so this cannot plan twice).
         """
+        gid, _ = await self.submit_once(goal, goal_id)
+        return gid
+
+    async def submit_once(
+        self, goal: Goal | Mapping[str, Any] | str, goal_id: str | None = None
+    ) -> tuple[str, bool]:
+        """As `submit`, and whether this call stored the goal: of any number of concurrent calls with
+        one `goal_id`, exactly one gets True (the store's atomic create decides), the others False."""
         if isinstance(goal, str):
             goal = Goal(text=goal)
         elif not isinstance(goal, Goal):
@@ -122,7 +130,7 @@ class Client:
             # Stored first, then enqueued: if we crash in between, the planner's reconciler finds the
             # goal still `submitted` and enqueues it (see `reconcile`).
             await self.jobs.enqueue(PlanJob(goal_id=gid, traceparent=parent))
-        return gid
+        return gid, created
 
     async def get(self, goal_id: str) -> GoalRecord:
         self._check_id(goal_id)

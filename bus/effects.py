@@ -68,6 +68,16 @@ class SideEffects:
         )
         return None if not out else EffectRecord.model_validate_json(out)
 
+    async def recorded(self, goal_id: str, task_id: str, key: str) -> EffectRecord | None:
+        """The record of the call `key` (`tool:args digest`) of this task, None if it was never claimed.
+        A read only: the claim itself is `begin`, made once the call is cleared to run."""
+        raw, state = await self.redis.hmget(self.keys.side_effects(goal_id, task_id), [key, f"state:{key}"])  # type: ignore[misc]
+        if raw is None:
+            return None
+        record = EffectRecord.model_validate_json(raw)
+        st = state.decode() if isinstance(state, bytes) else state
+        return record.model_copy(update={"state": st}) if st and st != record.state else record
+
     async def finish(self, goal_id: str, task_id: str, record: EffectRecord) -> None:
         """Store how the call ended (also used for idempotent tools, which never claim)."""
         key = self.keys.side_effects(goal_id, task_id)

@@ -3,7 +3,8 @@
 Everything the composition root (`taskloom.health`, `taskloom.metrics`, `taskloom.wake`) reads or
 writes about workers, so that no module outside `bus` talks to Redis. Keys from `bus.keys`:
 * `workers(role)` sorted set: worker instance (`host:pid`) by heartbeat expiry (ms);
-* `queue(role)` arq's queue (ZCARD: queued and deferred jobs);
+* `queue(role)` arq's queue, job id by the time (ms) it is due (ZCARD: waiting, deferred and
+  running jobs: arq keeps a job there until it finishes); a running job also has arq's in-progress mark;
 * `wake(role)` stream: one entry per enqueued job (`Jobs.enqueue`).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from arq.constants import in_progress_key_prefix
 from redis.asyncio import Redis
 
 from .keys import ROLES, Keys
@@ -60,6 +62,24 @@ async def queue_depths(redis: Redis, keys: Keys, roles: Sequence[str] = ROLES) -
             pipe.zcard(keys.queue(role))
         counts = await pipe.execute()
     return {role: int(n) for role, n in zip(roles, counts, strict=True)}
+
+
+async def oldest_waiting(redis: Redis, keys: Keys, role: str, now: int, page: int = 100) -> int | None:
+    """When (ms) the role's longest-waiting job became due: the earliest due job no worker is running
+    (a running job has arq's in-progress mark); None if no job waits. Deferred jobs are not due yet."""
+    start = 0
+    while True:
+        rows = await redis.zrangebyscore(keys.queue(role), "-inf", now, start=start, num=page, withscores=True)
+        if not rows:
+            return None
+        async with redis.pipeline(transaction=False) as pipe:
+            for job_id, _ in rows:
+                pipe.exists(in_progress_key_prefix + _s(job_id))
+            running = await pipe.execute()
+        for (_, due), busy in zip(rows, running, strict=True):
+            if not busy:
+                return int(due)
+        start += page
 
 
 async def last_wake(redis: Redis, key: str) -> str:

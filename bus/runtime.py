@@ -65,6 +65,9 @@ class Limits(BaseModel):
     )
     dependency_result_limit: int = Field(default=2000, ge=100, description="characters of each dependency's result")
     loop_window: int = Field(default=8, ge=1, le=100, description="repeated identical call within this many = loop")
+    tool_error_retries: int = Field(
+        default=2, ge=0, le=20, description="identical retries of a failed tool call before a repeat counts as a loop"
+    )
     # Large catalogs (MCP servers): offer the planner and each task at most this many tools, picked
     # by the goal's or task's words (`llm.toolselect`); a smaller catalog is offered whole. 0 = all.
     tool_select_limit: int = Field(default=16, ge=0, le=1000, description="tools offered per goal/task (0 = all)")

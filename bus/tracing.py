@@ -188,6 +188,10 @@ def clean(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
 # -- GenAI semantic conventions (model and tool calls) --------------------------------------------
 
 
+# Our adapters' names as the OpenTelemetry GenAI conventions spell the providers.
+GENAI_PROVIDERS = {"bedrock": "aws.bedrock", "vertex": "gcp.vertex_ai"}
+
+
 def model_span(provider: str, model: str, request: Any) -> contextlib.AbstractContextManager[Span]:
     """The span of one model call (`chat <model>`, kind CLIENT), named and tagged per the GenAI conventions.
 
@@ -195,7 +199,7 @@ def model_span(provider: str, model: str, request: Any) -> contextlib.AbstractCo
     """
     attrs: dict[str, Any] = {
         "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": provider,
+        "gen_ai.provider.name": GENAI_PROVIDERS.get(provider, provider),
         "gen_ai.request.model": model,
         "gen_ai.request.max_tokens": request.max_tokens,
         "taskloom.purpose": request.metadata.get("purpose"),

@@ -6,7 +6,9 @@ tests and for trying `TASKLOOM_MCP_CONFIG` by hand:
 
 Besides the demo tools (three read-only ones and `issue_refund`, annotated destructive) it has
 `escalate_ticket`, which always fails (an `isError` result), `order_history`, which kills the server
-in the middle of the call while the `--die-once` file exists (and freezes it: `--hang-once`), and
+in the middle of the call while the `--die-once` file exists (and freezes it: `--hang-once`),
+`lookup_order`, which answers `isError` "backend unavailable, try again" once while the
+`--flaky-once` file exists (a read-only tool worth retrying), and
 `unlock_warranty_tools`, which adds a tool and sends `notifications/tools/list_changed`.
 `--log FILE` appends one JSON line per call phase (`start`, `done`) with the server's pid and the
 call's idempotency key, so a test can judge from the server's side what ran and how often.
@@ -56,6 +58,7 @@ def build(
     hang_once: Path | None = None,
     refund_delay: float = 0.0,
     page_size: int = 0,
+    flaky_once: Path | None = None,
 ) -> MCPServer:
     server = PagedServer(
         "support-desk", instructions="Orders, refunds and tickets of the demo store.", log_level="WARNING"
@@ -84,6 +87,10 @@ def build(
     def lookup_order(order_id: str, ctx: Context) -> dict[str, Any]:
         """Look up an order by its id (e.g. A100): delivery date, item, amount, and whether it was a final sale."""
         note("lookup_order", "start", ctx, order_id=order_id)
+        if flaky_once is not None and flaky_once.exists():
+            flaky_once.unlink()
+            note("lookup_order", "failed", ctx, order_id=order_id)
+            raise ToolError("backend unavailable, try again")
         return order(order_id)
 
     @server.tool(annotations=READ_ONLY)
@@ -169,8 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hang-once", type=Path, help="order_history freezes the server while this file exists")
     parser.add_argument("--page-size", type=int, default=0, help="tools per tools/list page (0: all in one)")
     parser.add_argument("--refund-delay", type=float, default=0.0, help="seconds issue_refund takes")
+    parser.add_argument("--flaky-once", type=Path, help="lookup_order fails (isError) once while this file exists")
     args = parser.parse_args(argv)
-    server = build(args.log, args.die_once, args.hang_once, args.refund_delay, args.page_size)
+    server = build(args.log, args.die_once, args.hang_once, args.refund_delay, args.page_size, args.flaky_once)
     if args.http:
         asyncio.run(serve_http(server, args.port_file, args.port))
     else:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import structlog
 
-from bus.approvals import ApprovalBook, ApprovalDecision
+from bus.approvals import ApprovalBook
 from bus.attempts import AttemptStore, LeaseLost, Pending, claim_expired, drop_lease, now_ms
 from bus.batch import run_scripts
 from bus.effects import SideEffects
@@ -22,42 +22,23 @@ from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
 from bus.renewals import AttemptLease, Renewal, Renewals, TenantSlot
 from bus.runtime import Runtime
-from bus.schemas import GOAL_TERMINAL, Event, GoalRecord, TaskRecord, TaskResult, TaskState
+from bus.schemas import GOAL_TERMINAL, GoalRecord, TaskRecord, TaskResult, TaskState
 from bus.stops import TaskStop
 from bus.store import IllegalTransition, NotFound, StaleWrite
 from bus.tenants import Tenants
 from llm.toolselect import select_tools
-from llm.types import ModelResponse, ToolUseBlock
+from llm.types import ModelResponse
 
-from .gateway import ToolGateway, digest
-from .loop import Approvals, Handover, Loop, Paused, TaskInput
+from .gateway import ToolGateway
+from .loop import Handover, Loop, Paused, TaskInput
+from .pipeline import Attempt, History, RedisApprovals
 from .registry import ToolRegistry
 from .sources.catalog import ToolCatalog
-from .toolkit import ToolContext
 
 log = structlog.get_logger("taskloom.executor")
 
 STARTABLE = {TaskState.READY, TaskState.RETRYING, TaskState.WAITING_APPROVAL}
 HOLDER = f"{socket.gethostname()}:{os.getpid()}"
-
-
-class RedisApprovals(Approvals):
-    def __init__(self, rt: Runtime, goal_id: str) -> None:
-        self.book = ApprovalBook(rt.redis, rt.keys, rt.events.maxlen)
-        self.goal_id = goal_id
-
-    async def decision(self, call_id: str) -> ApprovalDecision | None:
-        return await self.book.decided(self.goal_id, call_id)
-
-    async def request(self, call: ToolUseBlock, ctx: ToolContext) -> None:
-        event = Event(
-            type="tool.approval_requested",
-            goal_id=self.goal_id,
-            task_id=ctx.task_id,
-            data={"call_id": call.id, "tool": call.name, "args_digest": digest(call.input)},
-        )
-        # One script: the request, the cross-goal inbox entry and the event (only the first time).
-        await self.book.request(self.goal_id, call.id, ctx.task_id, ctx.attempt, call.name, dict(call.input), event)
 
 
 async def _task_input(
@@ -282,12 +263,24 @@ async def _make_loop(
         await _seed_routed_turn(store, routed)
     registry = await tools.snapshot()
     allowed = _offered(registry, task_input, goal.goal.allowed_tools, rt.limits.tool_select_limit)
+    attempt = Attempt(
+        goal_id=job.goal_id,
+        task_id=job.task_id,
+        attempt=job.attempt,
+        store=store,
+        history=History(),
+        approvals=RedisApprovals(ApprovalBook(rt.redis, rt.keys, rt.events.maxlen), job.goal_id),
+        effects=SideEffects(rt.redis, rt.keys),
+    )
     gateway = ToolGateway(
         registry,
         allowed,
         rt.events,
         output_limit=rt.limits.tool_output_limit,
         default_timeout=rt.limits.tool_timeout,
+        attempt=attempt,
+        loop_window=rt.limits.loop_window,
+        error_retries=rt.limits.tool_error_retries,
     )
 
     first = [True]
@@ -311,11 +304,9 @@ async def _make_loop(
         store,
         rt.model_for(job.goal_id, "executor", goal.goal.model),
         gateway,
-        RedisApprovals(rt, job.goal_id),
         rt.limits,
         is_cancelled,
         stopping,
-        SideEffects(rt.redis, rt.keys),
     )
 
 

@@ -9,13 +9,11 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
-from bus.approvals import ApprovalDecision
 from bus.attempts import AttemptStore, Pending, StepRecord, ToolOutcome
-from bus.effects import RESULT_LIMIT, EffectRecord, EffectState, SideEffects
+from bus.effects import EffectRecord
 from bus.ledger import BudgetExhausted
 from bus.observe import observe
 from bus.runtime import Limits
@@ -27,7 +25,10 @@ from llm.types import Message, ModelRequest, ModelResponse, TextBlock, ToolResul
 
 from . import policy
 from .gateway import ToolGateway, digest, error_outcome
-from .sources.base import CatalogTool, ToolContext
+from .pipeline import Paused
+from .sources.base import ToolContext
+
+__all__ = ["SYSTEM", "Handover", "Loop", "Paused", "TaskInput", "context_text", "rebuild"]
 
 log = structlog.get_logger("taskloom.executor")
 
@@ -50,14 +51,6 @@ class TaskInput:
     earlier_effects: tuple[EffectRecord, ...] = ()  # side-effecting calls of earlier attempts
 
 
-class Paused(Exception):
-    """A tool call awaits a person's approval; the attempt resumes when it is decided."""
-
-    def __init__(self, call: ToolUseBlock) -> None:
-        super().__init__(f"tool call {call.id} ({call.name}) awaits approval")
-        self.call = call
-
-
 class Handover(Exception):
     """The worker is shutting down: the attempt stopped between two steps, with every completed
     step stored, so that another executor can resume it at once (see `executor.handlers`)."""
@@ -65,16 +58,6 @@ class Handover(Exception):
     def __init__(self, steps: int) -> None:
         super().__init__(f"handed over after {steps} stored steps (worker shutting down)")
         self.steps = steps
-
-
-class Approvals:
-    """Where the loop asks for and reads approval decisions (implemented over Redis by the handler)."""
-
-    async def decision(self, call_id: str) -> ApprovalDecision | None:  # None: not decided yet
-        raise NotImplementedError
-
-    async def request(self, call: ToolUseBlock, ctx: ToolContext) -> None:
-        raise NotImplementedError
 
 
 def context_text(task: TaskInput, limit: int) -> str:
@@ -104,29 +87,6 @@ def context_text(task: TaskInput, limit: int) -> str:
     return "\n".join(parts)
 
 
-_EFFECT_STATE: dict[str, EffectState] = {
-    "ok": "ok",
-    "error": "failed",
-    "timeout": "unknown",
-    "cancelled": "unknown",
-    "unknown_outcome": "unknown",
-}
-
-
-def replayed(call: ToolUseBlock, earlier: EffectRecord) -> ToolOutcome:
-    """What a repeated side-effecting call gets instead of running again: the recorded outcome."""
-    where = f"attempt {earlier.attempt}"
-    if earlier.state == "ok":
-        text = f"[already done in {where}; not run again] {earlier.result}"
-        return ToolOutcome(call_id=call.id, tool=call.name, outcome="ok", content=text, full=text)
-    return error_outcome(
-        call,
-        "unknown_outcome",
-        f"this {call.name} call was already made in {where} and its outcome is unknown (it was interrupted); "
-        "it has side effects, so it was not run again. Check its effect before retrying.",
-    )
-
-
 def rebuild(first: Message, steps: Sequence[StepRecord]) -> tuple[list[Message], policy.LoopState, Usage]:
     """History, loop state and usage as they stood after the last stored step."""
     messages = [first]
@@ -139,8 +99,6 @@ def rebuild(first: Message, steps: Sequence[StepRecord]) -> tuple[list[Message],
         state.steps += 1
         usage = usage + step.usage
         state.notes.update(step.notes)
-        for call in (b for b in step.assistant.content if isinstance(b, ToolUseBlock)):
-            state.recent_calls.append((call.name, digest(call.input)))
         state.tool_calls += len(step.outcomes)
     return messages, state, usage
 
@@ -152,24 +110,21 @@ class Loop:
         store: AttemptStore,
         model: ModelPort,
         gateway: ToolGateway,
-        approvals: Approvals,
         limits: Limits,
         is_cancelled: Callable[[], Awaitable[bool]],
         should_yield: Callable[[], bool] | None = None,
-        effects: SideEffects | None = None,
     ) -> None:
         self.task = task
         self.store = store
         self.model = model
+        # Every tool rule (validation, repeats, crash, replay, approval, ...) is the gateway's, in
+        # one ordered pipeline; this loop only decides which calls of a turn run together.
         self.gateway = gateway
-        self.approvals = approvals
         self.limits = limits
         self.is_cancelled = is_cancelled
         # True once this worker is shutting down (SIGTERM): checked before each model call, the one
         # point where every earlier step is stored and nothing is in flight.
         self.should_yield = should_yield
-        # Side-effecting calls, once per task across attempts (bus.effects); None: per attempt only.
-        self.effects = effects
 
     def _result(self, reason: TaskStop, state: policy.LoopState, usage: Usage, answer: str = "") -> TaskResult:
         return TaskResult(
@@ -198,9 +153,11 @@ class Loop:
     async def run(self) -> TaskResult:
         """Run (or resume) the attempt to a result. Raises `Paused` when a call awaits approval."""
         first = Message.user(context_text(self.task, self.limits.dependency_result_limit))
-        messages, state, usage = rebuild(first, await self.store.steps())
+        steps = await self.store.steps()
+        messages, state, usage = rebuild(first, steps)
         log.info("execute.start", epoch=self.store.epoch, resumed_steps=state.steps)
         pending = await self.store.pending()
+        self.gateway.resume(steps, pending)
         requires_tools = bool(self.task.spec.tools) and bool(self.gateway.allowed)
         started = self.store.started_ms / 1000 if self.store.started_ms else time.time()
         while True:
@@ -276,15 +233,12 @@ class Loop:
         elif action == "tools":
             if fresh:
                 await self.store.save_turn(response)
-            outcomes, loop_stop, repeated = await self._run_tools(response.tool_uses, pending, state)
-            if "repeat" in state.notes and repeated:
-                notes = ["repeat"]
+            outcomes = await self._run_tools(response.tool_uses, pending, state)
             results = [ToolResultBlock(tool_use_id=o.call_id, content=o.content, is_error=o.is_error) for o in outcomes]
             reply = policy.reply_message(results)
-            if loop_stop:
-                end = (TaskStop.LOOP_DETECTED, "")
-            elif any(o.outcome == "cancelled" for o in outcomes):
-                end = (TaskStop.CANCELLED, "")
+            stop = policy.stop_after_tools(outcomes)
+            if stop is not None:
+                end = (stop, "")
         # action == "continue" (pause): the turn goes back as is, no reply.
         step = StepRecord(
             index=state.steps,
@@ -305,91 +259,31 @@ class Loop:
 
     async def _run_tools(
         self, calls: list[ToolUseBlock], pending: Pending, state: policy.LoopState
-    ) -> tuple[list[ToolOutcome], bool, bool]:
-        """Answer every call of the turn, in order. Read-only calls run concurrently, the others one
-        after another. Returns the outcomes, whether a repeated call means the loop must stop, and
-        whether any call of the turn was a repeat (answered with `policy.REPEAT_ERROR`)."""
+    ) -> list[ToolOutcome]:
+        """Answer every call of the turn through the gateway, in the model's order: the read-only
+        calls concurrently, then the others one after another. A call answered before a crash keeps
+        its stored answer. Raises `Paused` (from the gateway) once every read-only call has ended."""
         done: dict[str, ToolOutcome] = dict(pending.results)
-        loop_stop = repeated = False
-        to_run: list[tuple[ToolUseBlock, CatalogTool, Any]] = []
-        for call in calls:
-            d = digest(call.input)
-            repeat = policy.check_repeat(state, call.name, d, self.limits.loop_window)
-            state.recent_calls.append((call.name, d))
-            # The repeat check is deterministic, so a call answered before a crash was a repeat then too.
-            repeated = repeated or repeat != "ok"
-            if call.id in done:
-                continue  # answered before a crash
-            if repeat != "ok":
-                state.notes.add("repeat")
-                loop_stop = loop_stop or repeat == "stop"
-                message = policy.REPEAT_ERROR.format(tool=call.name).removeprefix("ERROR: ")
-                done[call.id] = await self._record(call, error_outcome(call, "error", message), state)
-                continue
-            gated = await self._gate(call, pending, state)
-            if isinstance(gated, ToolOutcome):
-                done[call.id] = await self._record(call, gated, state)
-            else:
-                to_run.append((call, *gated))
+        todo = [c for c in calls if c.id not in done]
+        together = {c.id for c in todo if self.gateway.read_only(c.name)}
 
-        async def run_one(call: ToolUseBlock, tool: CatalogTool, args: Any) -> None:
-            done[call.id] = await self._run_one(call, tool, args, state)
+        async def run_one(call: ToolUseBlock) -> None:
+            done[call.id] = await self.gateway.run(call, self._ctx(call, state))
 
         async def run_all() -> None:
-            await asyncio.gather(*(run_one(*x) for x in to_run if x[1].read_only))
-            for x in to_run:
-                if not x[1].read_only:
-                    await run_one(*x)
+            # Every read-only call ends (and is stored) before a pause or a failure of another surfaces.
+            ended = await asyncio.gather(*(run_one(c) for c in todo if c.id in together), return_exceptions=True)
+            for failure in (e for e in ended if isinstance(e, BaseException)):
+                raise failure
+            for call in todo:
+                if call.id not in together:
+                    await run_one(call)
 
-        if to_run and not await self._run_cancellable(run_all()):
+        if todo and not await self._run_cancellable(run_all()):
             for call in calls:
                 done.setdefault(call.id, error_outcome(call, "cancelled", "the task was cancelled while this call ran"))
         state.tool_calls += len(calls)  # every call the model made counts, failed ones included
-        return [done[c.id] for c in calls], loop_stop, repeated
-
-    async def _gate(
-        self, call: ToolUseBlock, pending: Pending, state: policy.LoopState
-    ) -> ToolOutcome | tuple[CatalogTool, Any]:
-        """The checks before a call runs: the tool and its arguments (validated), or the outcome
-        it gets instead of running. Raises `Paused` when it awaits a person's approval."""
-        checked = self.gateway.validate(call)
-        if isinstance(checked, ToolOutcome):
-            return checked
-        tool, _ = checked
-        if tool.side_effects and call.id in pending.started:
-            # It started before a crash and has no result: running it again could do it twice.
-            return error_outcome(
-                call,
-                "unknown_outcome",
-                f"the outcome of this {call.name} call is unknown: the worker stopped while it ran, "
-                "and it has side effects, so it was not run again. Check its effect before retrying.",
-            )
-        if tool.requires_approval:
-            decision = await self.approvals.decision(call.id)
-            if decision is None:
-                await self.approvals.request(call, self._ctx(call, state))
-                raise Paused(call)
-            if not decision.approved:
-                why = decision.reason or "no reason given"
-                return error_outcome(call, "denied", f"denied by an operator: {why}")
-        return checked
-
-    async def _run_one(self, call: ToolUseBlock, tool: CatalogTool, args: Any, state: policy.LoopState) -> ToolOutcome:
-        """Run one checked call (a side-effecting one at most once per task, `bus.effects`); record it."""
-        record = self._effect(call)
-        if tool.side_effects:
-            await self.store.mark_started(call.id)
-            if self.effects is not None and not tool.idempotent:
-                earlier = await self.effects.begin(self.task.goal.id, self.task.spec.id, record)
-                if earlier is not None:
-                    log.warning("tool.side_effect_not_repeated", tool=call.name, earlier_attempt=earlier.attempt)
-                    return await self._record(call, replayed(call, earlier), state)
-        outcome = await self.gateway.invoke(call, tool, args, self._ctx(call, state))
-        if tool.side_effects and self.effects is not None:
-            kept, st = outcome.full[:RESULT_LIMIT], _EFFECT_STATE.get(outcome.outcome, "failed")
-            ended = record.model_copy(update={"state": st, "result": kept})
-            await self.effects.finish(self.task.goal.id, self.task.spec.id, ended)
-        return await self._record(call, outcome, state)
+        return [done[c.id] for c in calls]
 
     async def _run_cancellable(self, work: Awaitable[None]) -> bool:
         """Run `work`, polling for cancellation meanwhile. False if the task was cancelled."""
@@ -426,19 +320,3 @@ class Loop:
             tool=call.name,
             args_digest=digest(call.input),
         )
-
-    def _effect(self, call: ToolUseBlock) -> EffectRecord:
-        return EffectRecord(
-            key=f"{call.name}:{digest(call.input)}",
-            tool=call.name,
-            args=dict(call.input),
-            attempt=self.task.attempt,
-            call_id=call.id,
-        )
-
-    async def _record(self, call: ToolUseBlock, outcome: ToolOutcome, state: policy.LoopState) -> ToolOutcome:
-        """Store an outcome as soon as it exists (a crash later keeps it) and audit it; its event is
-        written by the same script as the outcome."""
-        event = await self.gateway.audit(call, outcome, self._ctx(call, state), emit=False)
-        await self.store.save_outcome(outcome, event)
-        return outcome

@@ -1,5 +1,6 @@
-"""Pure decisions of the ReAct loop: when to stop, what a model reply means, what counts as a loop,
-and how to condense a long history. No I/O here; `executor.loop` applies these."""
+"""Pure decisions of the ReAct loop: when to stop, what a model reply means, and how to condense a
+long history. No I/O here; `executor.loop` applies these. What counts as a repeated tool call is a
+rule of the tool-call pipeline (`executor.pipeline.repeats`), not of the loop."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bus.attempts import ToolOutcome
 from bus.stops import TaskStop
 from llm.types import ContentBlock, Message, ModelResponse, ToolResultBlock
 
@@ -14,10 +16,6 @@ BREVITY_NUDGE = "Your reply was cut off at the token limit. Answer again, much m
 USE_TOOLS_NUDGE = (
     "You answered without using any tool, but this task requires its tools. "
     "Call the tools you need, then give your answer."
-)
-REPEAT_ERROR = (
-    "ERROR: you already called {tool} with exactly these arguments in this task; the result will not "
-    "change. Use the earlier result or try something different. Repeating it again ends the task."
 )
 
 
@@ -27,8 +25,7 @@ class LoopState:
 
     steps: int = 0
     tool_calls: int = 0
-    recent_calls: list[tuple[str, str]] = field(default_factory=list)  # (tool, args digest), oldest first
-    notes: set[str] = field(default_factory=set)  # nudges already given: "brevity", "use_tools", "repeat"
+    notes: set[str] = field(default_factory=set)  # nudges already given: "brevity", "use_tools"
 
 
 def stop_before_call(
@@ -77,14 +74,14 @@ def classify(response: ModelResponse, state: LoopState, requires_tools: bool) ->
     return "answer"
 
 
-Repeat = Literal["ok", "warn", "stop"]
-
-
-def check_repeat(state: LoopState, tool: str, digest: str, window: int) -> Repeat:
-    """The same tool with the same arguments within `window` calls: warn once, then stop."""
-    if (tool, digest) not in state.recent_calls[-window:]:
-        return "ok"
-    return "stop" if "repeat" in state.notes else "warn"
+def stop_after_tools(outcomes: Sequence[ToolOutcome]) -> TaskStop | None:
+    """A turn's tool outcomes that end the attempt: a loop the gateway detected, or a cancellation
+    that arrived while the calls ran."""
+    if any(o.outcome == "loop" for o in outcomes):
+        return TaskStop.LOOP_DETECTED
+    if any(o.outcome == "cancelled" for o in outcomes):
+        return TaskStop.CANCELLED
+    return None
 
 
 def condense(messages: Sequence[Message], keep_last: int, note_chars: int = 200, block: int = 10) -> list[Message]:

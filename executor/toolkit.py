@@ -85,27 +85,36 @@ class Tool:
 
 class _DaemonThreads:
     """Daemon threads kept for the next sync tool call: starting a thread per call cost more than
-    most tools (a call of a stuck tool keeps its thread; the next call gets another)."""
+    most tools (a call of a stuck tool keeps its thread; the next call gets another).
+
+    A job returns its delivery (the step that hands the result to the waiting event loop), and the
+    thread counts itself idle *before* delivering: the caller's next call, which may come the moment
+    the result lands, then finds it idle instead of starting another thread."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], Callable[[], None]]] = queue.SimpleQueue()
         self._idle = 0
         self._lock = threading.Lock()
+        self.threads: list[threading.Thread] = []  # every thread this runner started, oldest first
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: Callable[[], Callable[[], None]]) -> None:
         with self._lock:
             spawn = self._idle == 0
             if not spawn:
                 self._idle -= 1  # that idle thread takes this job (or an equivalent one) off the queue
         self._jobs.put(job)
         if spawn:
-            threading.Thread(target=self._work, name="taskloom-tool", daemon=True).start()
+            thread = threading.Thread(target=self._work, name="taskloom-tool", daemon=True)
+            with self._lock:
+                self.threads.append(thread)
+            thread.start()
 
     def _work(self) -> None:
         while True:
-            self._jobs.get()()
+            deliver = self._jobs.get()()
             with self._lock:
                 self._idle += 1
+            deliver()
 
 
 _THREADS = _DaemonThreads()
@@ -129,7 +138,7 @@ async def run_in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], n
         if not future.done():
             future.set_result(value) if ok else future.set_exception(value)
 
-    def target() -> None:
+    def target() -> Callable[[], None]:
         thread = threading.current_thread()
         thread.name = name
         try:
@@ -138,8 +147,12 @@ async def run_in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], n
             ok, value = False, exc
         finally:
             thread.name = "taskloom-tool"
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody awaits this any more
-            loop.call_soon_threadsafe(settle, ok, value)
+
+        def deliver() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody awaits this any more
+                loop.call_soon_threadsafe(settle, ok, value)
+
+        return deliver
 
     _THREADS.submit(target)
     return await future

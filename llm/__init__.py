@@ -1,8 +1,8 @@
 """taskloom's model port: provider-neutral request/response types, typed errors, the Anthropic
 adapter, the offline demo model, and (in `llm.testing`) a fake Messages API server.
 
-`llm` imports nothing else of taskloom's. `AnthropicModel` is imported lazily so that importing the
-types does not load the SDK.
+`llm` imports nothing else of taskloom's. `AnthropicModel` and `OpenAIModel` are imported lazily so that
+importing the types does not load an SDK (the `openai` one is an extra).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from llm.types import (
 
 if TYPE_CHECKING:
     from llm.anthropic import AnthropicModel
+    from llm.openai import OpenAIModel
 
 __all__ = [
     "AnthropicModel",
@@ -53,6 +54,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ModelTimeoutError",
+    "OpenAIModel",
     "RetryableModelError",
     "StopReason",
     "TerminalModelError",
@@ -76,6 +78,10 @@ def __getattr__(name: str) -> Any:
         from llm.anthropic import AnthropicModel
 
         return AnthropicModel
+    if name == "OpenAIModel":
+        from llm.openai import OpenAIModel
+
+        return OpenAIModel
     raise AttributeError(f"module 'llm' has no attribute {name!r}")
 
 

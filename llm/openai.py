@@ -20,8 +20,8 @@ Error mapping (after the SDK's retries):
   `ModelTimeoutError` (`maybe_spent=True`);
 - a success status whose body cannot be parsed -> `RetryableModelError(maybe_spent=True)`.
 
-`maybe_spent` is True whenever any attempt, not only the last, may have been billed: every HTTP
-attempt goes through a recording transport under the SDK's own client.
+`maybe_spent` is True whenever any attempt, not only the last, may have been billed: the SDK is
+given an HTTP client (its own default one) that records every attempt it sends.
 """
 
 from __future__ import annotations
@@ -196,10 +196,17 @@ def build_params(
 # -- response mapping (pure) -------------------------------------------------------------------
 
 
-def synthetic_call_id(index: int, name: str, arguments: str | None) -> str:
-    """A stable id for a tool call that came without one: the same reply always gets the same id."""
-    digest = hashlib.sha256(f"{index}\x00{name}\x00{arguments}".encode()).hexdigest()[:24]
+def synthetic_call_id(index: int, name: str, arguments: Any, turn: int = 0) -> str:
+    """A stable id for a tool call that came without a usable one: the same reply to the same history
+    always gets the same id. `turn` (the history's length) keeps the same call in a later turn apart."""
+    digest = hashlib.sha256(f"{turn}\x00{index}\x00{name}\x00{arguments}".encode()).hexdigest()[:24]
     return f"call_{digest}"
+
+
+def _history_ids(request: ModelRequest | None) -> set[str]:
+    if request is None:
+        return set()
+    return {b.id for m in request.messages for b in m.content if isinstance(b, ToolUseBlock)}
 
 
 def parse_arguments(arguments: Any, *, no_parameters: bool = False) -> tuple[dict[str, Any], str | None]:
@@ -243,13 +250,15 @@ def stop_reason(
     """The neutral stop reason of a choice.
 
     Unknown or missing: `tool_call` when the reply calls tools, else `stop`. `length` with fewer
-    output tokens than the request allowed means the context window, not `max_tokens`, ended the
-    reply (llama.cpp and vLLM stop so when the prompt fills the context): `context_length`.
+    output tokens than the request allowed, and no tool call, means the context window, not
+    `max_tokens`, ended the reply (llama.cpp and vLLM stop so when the prompt fills the context):
+    `context_length`. With tool calls it stays `length`, whose complete calls the executor runs.
     """
     mapped = OPENAI_FINISH_REASONS.get(finish_reason or "")
     if mapped is None:
         return "tool_call" if has_tool_calls else "stop"
-    if mapped == "length" and usage is not None and max_tokens is not None and usage.output_tokens < max_tokens:
+    cut_short = usage is not None and max_tokens is not None and usage.output_tokens < max_tokens
+    if mapped == "length" and cut_short and not has_tool_calls:
         return "context_length"
     return mapped
 
@@ -270,9 +279,12 @@ def to_response(
 ) -> ModelResponse:
     """Our response for a Chat Completions body (a dict; the first choice is read).
 
+    A `refusal` (OpenAI's structured-outputs refusal) is a `content_filter` stop with its text.
+    Fields of other dialects (`reasoning_content`, logprobs) are ignored.
     Local-server bends handled: no `usage` (usage_reported=False, usage zero); a tool call without an
-    id, or with an empty one (`synthetic_call_id`); arguments that are null, empty, broken or not an
-    object (`parse_arguments`); a missing or unknown finish reason (`stop_reason`).
+    id, with an empty one, or with one the history or this reply already used (`synthetic_call_id`);
+    arguments that are null, empty, broken or not an object (`parse_arguments`); a missing or unknown
+    finish reason (`stop_reason`).
     """
     choices = completion.get("choices") or []
     if not choices:
@@ -283,7 +295,13 @@ def to_response(
     text = message.get("content")
     if isinstance(text, str) and text:
         content.append(TextBlock(text=text))
+    # OpenAI's refusal (structured outputs): its explanation as the text, and a content_filter stop.
+    refusal = message.get("refusal")
+    if isinstance(refusal, str) and refusal and not content:
+        content.append(TextBlock(text=refusal))
     no_parameters = _tools_without_parameters(request, names)
+    taken = _history_ids(request)
+    turn = len(request.messages) if request is not None else 0
     for index, call in enumerate(message.get("tool_calls") or []):
         function = call.get("function") or {}
         wire_name = str(function.get("name") or "")
@@ -291,17 +309,19 @@ def to_response(
             continue  # nothing to route it to; the model sees its turn without it
         raw_arguments = function.get("arguments")
         tool_input, invalid = parse_arguments(raw_arguments, no_parameters=wire_name in no_parameters)
-        call_id = call.get("id") or synthetic_call_id(index, wire_name, raw_arguments)
-        content.append(
-            ToolUseBlock(id=str(call_id), name=names.to_ours(wire_name), input=tool_input, invalid_input=invalid)
-        )
+        call_id = str(call.get("id") or "")
+        if not call_id or call_id in taken:  # missing, or reused (servers numbering calls `call_0`... per turn)
+            call_id = synthetic_call_id(index, wire_name, raw_arguments, turn)
+        taken.add(call_id)
+        content.append(ToolUseBlock(id=call_id, name=names.to_ours(wire_name), input=tool_input, invalid_input=invalid))
     usage = usage_from_wire(completion.get("usage"))
     has_calls = any(isinstance(b, ToolUseBlock) for b in content)
+    reason = stop_reason(
+        choice.get("finish_reason"), has_calls, usage, request.max_tokens if request is not None else None
+    )
     return ModelResponse(
         content=content,
-        stop_reason=stop_reason(
-            choice.get("finish_reason"), has_calls, usage, request.max_tokens if request is not None else None
-        ),
+        stop_reason="content_filter" if refusal and not has_calls else reason,
         usage=usage or Usage(),
         usage_reported=usage is not None,
         request_id=request_id,
@@ -392,16 +412,16 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     return None
 
 
-class _RecordingTransport(httpx2.AsyncBaseTransport):
-    """Wraps the SDK's HTTP transport to see every attempt (the SDK retries above it)."""
+class _RecordingClient(openai.DefaultAsyncHttpxClient):
+    """The SDK's HTTP client (with its defaults), seeing every attempt: the SDK retries above `send`.
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
-        self._inner = inner
+    `send`, not a transport, so that attempts through proxy transports (`HTTPS_PROXY`) are seen too.
+    """
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+    async def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
         attempts = _ATTEMPTS.get()
         try:
-            response = await self._inner.handle_async_request(request)
+            response = await super().send(request, **kwargs)
         except Exception as err:
             if attempts is not None:
                 not_sent = isinstance(err, _NOT_SENT)
@@ -420,9 +440,6 @@ class _RecordingTransport(httpx2.AsyncBaseTransport):
                 if value is not None and value.isdigit():
                     attempts.remaining[kind] = int(value)
         return response
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 def is_context_length(code: str | None, message: str) -> bool:
@@ -502,22 +519,21 @@ class OpenAIModel:
         self._stream = stream
         self._extra_body = dict(extra_body) if extra_body else None
         self._max_tokens_param = max_tokens_param
-        transport = _RecordingTransport(
-            httpx2.AsyncHTTPTransport(limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100))
-        )
-        http_client = openai.DefaultAsyncHttpxClient(transport=transport)
         common: dict[str, Any] = {
             "api_key": key,
             "max_retries": max_retries,
             "timeout": httpx2.Timeout(timeout, connect=min(timeout, 5.0)),
-            "http_client": http_client,
+            "http_client": _RecordingClient(),
             "_strict_response_validation": strict_validation,
         }
         self._client: openai.AsyncOpenAI
-        if azure_endpoint:
-            self._client = openai.AsyncAzureOpenAI(azure_endpoint=azure_endpoint, api_version=api_version, **common)
-        else:
-            self._client = openai.AsyncOpenAI(base_url=self.base_url, **common)
+        try:
+            if azure_endpoint:
+                self._client = openai.AsyncAzureOpenAI(azure_endpoint=azure_endpoint, api_version=api_version, **common)
+            else:
+                self._client = openai.AsyncOpenAI(base_url=self.base_url, **common)
+        except (openai.OpenAIError, ValueError) as err:  # Azure without an api_version, say
+            raise ModelConfigError(f"the OpenAI client for {model!r} cannot be built: {err}") from err
 
     def __repr__(self) -> str:
         where = self.azure_endpoint or self.base_url
@@ -561,10 +577,18 @@ class OpenAIModel:
         async with stream:
             async for chunk in stream:
                 chunks.append(chunk.to_dict())
+        request_id = stream.response.headers.get("x-request-id")
         if not chunks:  # a 200 whose body held no `data:` chunk (not SSE at all, say)
             raise ValueError("the streamed reply carried no chunks")
-        request_id = stream.response.headers.get("x-request-id")
-        return assemble_stream(chunks), request_id
+        completion = assemble_stream(chunks)
+        if completion["choices"][0]["finish_reason"] is None:
+            # Every server we know ends a stream with a finish_reason (OpenAI, vLLM, llama.cpp, Ollama);
+            # a stream whose connection closed before one is a cut reply, not a complete one.
+            raise ModelTimeoutError(
+                f"the streamed reply ended after {len(chunks)} chunks without a finish_reason (connection cut?)",
+                request_id=request_id,
+            )
+        return completion, request_id
 
     async def aclose(self) -> None:
         await self._client.close()

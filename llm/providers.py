@@ -55,6 +55,12 @@ class ModelConfig(BaseModel):
     timeout: float | None = Field(default=None, gt=0, description="seconds per request; default TASKLOOM_MODEL_TIMEOUT")
     stream: bool = Field(default=False, description="OpenAI-compatible: use streaming Chat Completions")
     prompt_cache_key: bool = Field(default=False, description="OpenAI: send a prompt_cache_key per goal")
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] | None = Field(
+        default=None,
+        description="OpenAI-compatible: the field the output cap is sent in; default max_completion_tokens on "
+        "OpenAI and Azure (their reasoning models refuse max_tokens), max_tokens on a server with a base_url "
+        "(Ollama and llama.cpp read only that one, and would ignore the cap)",
+    )
 
     @model_validator(mode="after")
     def _provider_needs(self) -> ModelConfig:
@@ -98,7 +104,7 @@ def build_model(
     if config.provider == "demo":
         from llm.demo import DemoModel
 
-        return DemoModel()
+        return DemoModel(model=config.model)  # its own id: an alias of the demo is priced as its own model
     key_env = config.key_env()
     key = env.get(key_env) if key_env else None
     if key_env and not key:
@@ -138,6 +144,7 @@ def build_model(
             api_version=config.api_version if config.provider == "azure" else None,
             stream=config.stream,
             prompt_cache_key=config.prompt_cache_key,
+            max_tokens_param=config.max_tokens_param or ("max_tokens" if config.base_url else "max_completion_tokens"),
             **extra,
         )
     except ImportError as exc:

@@ -449,6 +449,11 @@ def status(goal_id: str, as_json: JsonOpt = False) -> None:
             f"{call_id}  {req.get('tool')}({args[:200]})  task {req.get('task_id')}",
             f"  -> taskloom approve {g.id} {call_id}  |  taskloom deny {g.id} {call_id} --reason ...",
         )
+        for e in req.get("earlier") or []:  # what this task's earlier calls of the tool already did
+            before = json.dumps(e.get("input"), default=str)[:120]
+            result = " ".join(str(e.get("result", "")).split())[:200]
+            attempt, outcome = e.get("attempt"), e.get("outcome")
+            show(f"    earlier, attempt {attempt}: {req.get('tool')}({before}) -> {outcome}: {result}")
     if g.answer:
         show("\n", ("answer", "bold"), "\n", g.answer)
 
@@ -559,15 +564,18 @@ def cancel(
     reason: Annotated[str, typer.Option(help="recorded on the goal and its tasks")] = "cancelled by request",
     as_json: JsonOpt = False,
 ) -> None:
-    """Cancel a goal: stop dispatch and cancel its unfinished tasks."""
+    """Cancel a goal: stop dispatch and cancel its unfinished tasks. A goal that already ended,
+    cancelled included, exits 3 (as the HTTP API answers 409)."""
     try:
         changed = _with_client(lambda c: c.cancel(goal_id, reason))
     except IllegalTransition as exc:
         _fail(EXIT_NOT_SUCCEEDED, f"goal {goal_id} already ended ({exc.current}); nothing to cancel")
+    if not changed:
+        _fail(EXIT_NOT_SUCCEEDED, f"goal {goal_id} already ended (cancelled); nothing to cancel")
     if as_json:
         _print_json({"goal_id": goal_id, "cancelled": True, "changed": changed})
     else:
-        show(f"{goal_id} cancelled" if changed else f"{goal_id} was already cancelled")
+        show(f"{goal_id} cancelled")
 
 
 @app.command()
@@ -924,7 +932,7 @@ def api(
     ] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR", callback=_log_level)] = "INFO",
 ) -> None:
-    """Serve the HTTP API and the web console (needs the `api` extra: pip install 'taskloom[api]')."""
+    """Serve the HTTP API and the web console (needs the `api` extra: pip install 'taskloom\\[api]')."""
     try:
         from .api.app import ApiConfig
         from .api.auth import TokenBook, TokenConfigError, load_tokens, new_token
@@ -957,7 +965,14 @@ def api(
     from .logs import configure_logging
 
     configure_logging(log_level)
-    config = ApiConfig(tokens=book, insecure_local=insecure_local, max_body=settings.api_max_body)
+    config = ApiConfig(
+        tokens=book,
+        insecure_local=insecure_local,
+        max_body=settings.api_max_body,
+        body_timeout=settings.api_body_timeout,
+        ready_requires_workers=settings.api_ready_requires_workers,
+        model_aliases=frozenset(settings.catalog().aliases),
+    )
     # One line each, on stdout, before serving: scripts and tests read them.
     sys.stdout.write(f"console: {url}\n")
     if one_time is not None:
@@ -1079,6 +1094,43 @@ def models(as_json: JsonOpt = False) -> None:
             " -> ".join(row["chain"][1:]) or "-", ", ".join(row["roles"]) or "-",
         )
     out.print(table)
+
+
+@app.command("eval")
+def eval_(
+    suite: Annotated[str, typer.Argument(help="the suite file (YAML or JSON); or `compare A.json B.json`")],
+    files: Annotated[list[str] | None, typer.Argument(help="with compare: the two results files")] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", help="a model to run on (repeatable)")] = None,
+    repeat: Annotated[int, typer.Option(min=1, max=1000, help="runs of each case per model")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, max=256, help="goals running at once")] = 4,
+    local: Annotated[bool, typer.Option("--local", help="run the workers in this process")] = False,
+    as_json: JsonOpt = False,
+    min_pass: Annotated[float, typer.Option(min=0, max=1, help="pass rate each model must reach")] = 1.0,
+    max_usd: Annotated[float | None, typer.Option(min=0, help="most the whole run may cost")] = None,
+    replay: Annotated[Path | None, typer.Option(help="a cassette, or a directory of <model>.jsonl")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="run cases tagged T; !T: skip them")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="the results file")] = None,
+) -> None:
+    """Score the fleet on a suite of goals, per model; exit 3 below --min-pass or above --max-usd.
+    `taskloom eval compare A.json B.json` prints what changed between two runs (README "Evaluating
+    your agents")."""
+    from .eval import command as ev
+
+    try:
+        if suite == "compare":
+            if len(files or []) != 2:
+                _fail(EXIT_INVALID, "compare: expected two results files: taskloom eval compare A.json B.json")
+            a, b = (Path(f) for f in files or [])
+            raise typer.Exit(ev.compare_files(a, b, as_json, out))
+        if files:
+            _fail(EXIT_INVALID, f"unexpected argument {files[0]!r} after the suite file")
+        options = ev.Options(
+            Path(suite), model or [], repeat, concurrency, local, min_pass, max_usd, replay, tag or [], out_file
+        )
+        settings = _settings()
+        raise typer.Exit(_guarded(lambda: _arun(ev.main(settings, options, as_json, out, err))))
+    except (*ev.INVALID, ValueError) as exc:
+        _fail(EXIT_INVALID, str(exc))
 
 
 @app.command()

@@ -25,7 +25,7 @@ import structlog
 
 from bus import fleet
 from bus.connection import RedisClient, master_address
-from bus.keys import Keys
+from bus.keys import ROLES, Keys
 
 log = structlog.get_logger("taskloom.health")
 
@@ -154,7 +154,7 @@ async def check(redis: RedisClient, keys: Keys, roles: Sequence[str], host: str 
         )
     now = fleet.now_ms()
     for role in roles:
-        beats = [WorkerBeat(m, (expiry - now) / 1000) for m, expiry in await fleet.heartbeats(redis, keys, role)]
+        beats = await _beats(redis, keys, role, now)
         if host is not None:
             beats = [b for b in beats if b.instance.rsplit(":", 1)[0] == host]
         report.roles[role] = beats
@@ -164,6 +164,40 @@ async def check(redis: RedisClient, keys: Keys, roles: Sequence[str], host: str 
             seen = f" (the heartbeat of {last.instance} went stale {-last.fresh_for:.1f} s ago)" if last else ""
             report.reasons.append(f"no live {role} worker{where}{seen}")
     return report
+
+
+async def _beats(redis: RedisClient, keys: Keys, role: str, now: int) -> list[WorkerBeat]:
+    return [WorkerBeat(m, (expiry - now) / 1000) for m, expiry in await fleet.heartbeats(redis, keys, role)]
+
+
+@dataclass(frozen=True)
+class RoleLoad:
+    """One role as the fleet view (`GET /v1/fleet`) shows it."""
+
+    role: str
+    live_workers: int  # workers with a fresh heartbeat, as `check` counts them
+    queue_depth: int  # jobs in the role's queue: waiting, deferred or running (`taskloom_queue_depth`)
+    oldest_queued_age_s: float | None  # how long the longest-waiting due job has waited; None: none waits
+
+
+async def load(redis: RedisClient, keys: Keys, roles: Sequence[str] = ROLES) -> list[RoleLoad]:
+    """Each role's live workers, queue depth and longest wait. Redis errors propagate (the caller
+    answers them: the API with a 503)."""
+    now = fleet.now_ms()
+    depths = await fleet.queue_depths(redis, keys, roles)
+    out = []
+    for role in roles:
+        beats = await _beats(redis, keys, role, now)
+        due = await fleet.oldest_waiting(redis, keys, role, now)
+        out.append(
+            RoleLoad(
+                role=role,
+                live_workers=sum(1 for b in beats if b.alive),
+                queue_depth=depths[role],
+                oldest_queued_age_s=None if due is None else round(max(0, now - due) / 1000, 3),
+            )
+        )
+    return out
 
 
 async def missing_roles(redis: RedisClient, keys: Keys, roles: Sequence[str]) -> list[str]:

@@ -163,6 +163,14 @@ class Settings(Limits, BaseSettings):
     api_tokens_file: Path | None = Field(default=None, description="file of API token entries, one per line")
     api_max_body: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024, description="largest body, bytes")
     api_public_url: str | None = Field(default=None, description="console URL to advertise; unset: from --host/--port")
+    # A request whose body has not fully arrived this long after its headers is answered 408 and its
+    # connection closed: a client that declares more than it sends must not hold a connection forever.
+    api_body_timeout: float = Field(default=10, gt=0, le=600, description="seconds a request body may take")
+    # Off by default: an API behind a load balancer keeps serving reads, approvals and submits (goals
+    # wait in the queues) while workers are down; GET /v1/fleet and the console say so instead.
+    api_ready_requires_workers: bool = Field(
+        default=False, description="/readyz answers 503 while a role has no live worker"
+    )
 
     @field_validator("api_tokens_file", "api_public_url", mode="before")
     @classmethod

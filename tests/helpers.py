@@ -66,6 +66,27 @@ def fake_model_env(subprocess_env: dict[str, str], base_url: str, counter: Path,
     return env
 
 
+def openai_model_env(
+    subprocess_env: dict[str, str], base_url: str, counter: Path, models_file: Path, **extra: str
+) -> dict[str, str]:
+    """As `fake_model_env`, with the model an alias (`oa`) of a models file written to `models_file`: the
+    OpenAI Chat Completions dialect at `base_url` (the fake server), its key in `TL_TEST_OA_KEY`."""
+    models_file.write_text(
+        "[models.oa]\n"
+        'provider = "openai"\n'
+        'model = "gpt-test"\n'
+        f'base_url = "{base_url}"\n'
+        'api_key_env = "TL_TEST_OA_KEY"\n'
+        "prices = { input = 1, output = 4, cache_read = 0.25, cache_write = 1 }\n"
+    )
+    env = fake_model_env(subprocess_env, base_url, counter, **extra)
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
+        env.pop(name, None)
+    env.update(TASKLOOM_MODEL="oa", TASKLOOM_MODELS_FILE=str(models_file), TL_TEST_OA_KEY="sk-oa-test")
+    env.update(extra)
+    return env
+
+
 @contextlib.contextmanager
 def demo_mcp_http(tmp_path: Path, *args: str, name: str = "http") -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """The demo support-desk MCP server over streamable HTTP on a free loopback port: (URL, process)."""

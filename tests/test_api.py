@@ -12,7 +12,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,13 +20,12 @@ from typing import Any
 
 import httpx2
 import pytest
-import uvicorn
 from arq.connections import ArqRedis
 from helpers import TASKLOOM, eventually, run_cli
 from openapi_spec_validator import validate
 from redis.asyncio import Redis
 
-from bus.approvals import ApprovalBook
+from bus.approvals import ApprovalBook, EarlierCall
 from bus.client import Client
 from bus.goal_index import BadCursor, GoalIndex
 from bus.keys import Keys
@@ -34,7 +33,7 @@ from bus.schemas import Event, Goal, GoalRecord, GoalState, Plan, TaskSpec
 from taskloom.api.app import ApiConfig, create_app
 from taskloom.api.auth import TokenBook, TokenConfigError, entry_for, load_tokens, parse_tokens
 from taskloom.api.openapi import document
-from taskloom.api.server import bind
+from taskloom.api.server import ApiServer, bind
 
 DOCS = Path(__file__).parent.parent / "docs"
 TOKENS = {
@@ -63,9 +62,7 @@ async def serving(client: Client, config: ApiConfig) -> AsyncIterator[str]:
         yield client
 
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(shared, config), log_config=None, access_log=False, timeout_graceful_shutdown=1)
-    )
+    server = ApiServer(create_app(shared, config))  # as `taskloom api` runs it
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         await eventually(lambda: _true(server.started), timeout=20)
@@ -142,7 +139,9 @@ async def test_bad_input_gets_a_named_4xx_and_stores_nothing(api: Api, redis: Ar
             422,
             "budget_tokens",
         ),
-        ({"content": b"text=x", "headers": {"content-type": "application/x-www-form-urlencoded"}}, 422, None),
+        ({"content": b"text=x", "headers": {"content-type": "application/x-www-form-urlencoded"}}, 415, "Content-Type"),
+        ({"json": {"text": "x", "budget_tokens": True}}, 422, "budget_tokens"),
+        ({"json": {"text": "x", "budget_tokens": "5000"}}, 422, "budget_tokens"),
         ({"json": {"text": "x", "metadata": {"k": 1}}}, 422, "metadata.k"),
         ({"json": {"text": "x", "review": "sometimes"}}, 422, "review"),
         ({"json": {"text": "x", "check": {"pattern": "("}}}, 422, "check.pattern"),
@@ -337,7 +336,7 @@ async def test_events_stream_resumes_after_last_event_id_and_ends_with_the_goal(
 # -- approvals ---------------------------------------------------------------------------------
 
 
-async def _ask(api: Api, text: str, call_id: str, tool: str = "wipe") -> str:
+async def _ask(api: Api, text: str, call_id: str, tool: str = "wipe", earlier: Sequence[EarlierCall] = ()) -> str:
     """A goal whose task `t1` asks for approval of one call, as the executor records it."""
     gid = await api.client.submit(text)
     await api.client.store.transition_goal(gid, GoalState.PLANNING)
@@ -345,7 +344,7 @@ async def _ask(api: Api, text: str, call_id: str, tool: str = "wipe") -> str:
     await api.client.store.save_plan(gid, Plan(tasks=[spec]), 0)
     event = Event(type="tool.approval_requested", goal_id=gid, task_id="t1", data={"call_id": call_id})
     book = ApprovalBook(api.client.redis, api.client.keys)
-    assert await book.request(gid, call_id, "t1", 1, tool, {"target": "prod"}, event)
+    assert await book.request(gid, call_id, "t1", 1, tool, {"target": "prod"}, event, earlier)
     assert not await book.request(gid, call_id, "t1", 1, tool, {"target": "prod"}, event)  # asked twice: once
     return gid
 
@@ -353,7 +352,8 @@ async def _ask(api: Api, text: str, call_id: str, tool: str = "wipe") -> str:
 async def test_approvals_inbox_lists_across_goals_and_records_who_decided(api: Api) -> None:
     """Pending calls of every running goal, with tool, arguments and asker; a decision names its token."""
     g1 = await _ask(api, "first goal", "call-1")
-    g2 = await _ask(api, "second goal", "call-2", tool="charge")
+    before = EarlierCall(attempt=1, call_id="call-0", input={"amount": 5}, outcome="ok", result="charged 5")
+    g2 = await _ask(api, "second goal", "call-2", tool="charge", earlier=[before])
     g3 = await _ask(api, "cancelled goal", "call-3")
     await api.client.cancel(g3)
     inbox = (await api.http.get("/v1/approvals", headers=api.auth("reader"))).json()["approvals"]
@@ -361,7 +361,9 @@ async def test_approvals_inbox_lists_across_goals_and_records_who_decided(api: A
         (g1, "call-1", "wipe"),
         (g2, "call-2", "charge"),
     ]
-    assert inbox[0]["arguments"] == {"target": "prod"}
+    assert inbox[0]["arguments"] == {"target": "prod"} and inbox[0]["earlier"] == []
+    # What already happened in the task travels with the request: the person deciding sees it.
+    assert inbox[1]["earlier"] == [before.model_dump(mode="json")]
     assert (inbox[0]["goal_text"], inbox[0]["task_id"], inbox[0]["task_title"]) == ("first goal", "t1", "wipe the disk")
 
     r = await api.http.post(f"/v1/approvals/{g1}/call-1/approve", headers=api.auth("reader"))
@@ -613,3 +615,341 @@ async def test_goals_carry_a_tenant_and_dollar_budget_and_tenants_are_readable(a
     assert bad.status_code == 422 and "tenant name" in error_of(bad)["message"]
     bad_goal = await api.http.post("/v1/goals", json={"text": "t", "tenant": "a b"}, headers=api.auth("submitter"))
     assert bad_goal.status_code == 422 and error_of(bad_goal)["field"] == "tenant"
+
+
+# -- issue 29: exact answers under concurrency, strict types, clean shutdown, fleet health -------------
+
+
+async def test_of_parallel_submits_under_one_key_exactly_one_is_created(api: Api, redis: ArqRedis, keys: Keys) -> None:
+    """20 parallel POSTs with one Idempotency-Key and body: one 201 `created: true`, 19 200 `created: false`."""
+    h = {**api.auth("submitter"), "Idempotency-Key": "race-1"}
+    answers = await asyncio.gather(
+        *(api.http.post("/v1/goals", json={"text": "only once"}, headers=h) for _ in range(20))
+    )
+    outcomes = sorted((r.status_code, r.json()["created"]) for r in answers)
+    assert outcomes == [(200, False)] * 19 + [(201, True)], [r.text for r in answers]
+    assert {r.json()["goal_id"] for r in answers} == {"race-1"}
+    assert await redis.zcard(keys.goal_index()) == 1
+
+
+async def test_request_bodies_are_strictly_typed(api: Api, redis: ArqRedis, keys: Keys) -> None:
+    """A boolean or a numeric string for a number, a number for a string or a date: 422 naming the field."""
+    h = api.auth("submitter")
+    wrong: list[tuple[dict[str, Any], str]] = [
+        ({"text": "x", "budget_tokens": True}, "budget_tokens"),
+        ({"text": "x", "budget_tokens": "5000"}, "budget_tokens"),
+        ({"text": "x", "budget_usd": "0.5"}, "budget_usd"),
+        ({"text": "x", "budget_usd": False}, "budget_usd"),
+        ({"text": 5}, "text"),
+        ({"text": "x", "tenant": 7}, "tenant"),
+        ({"text": "x", "deadline": 1760356800}, "deadline"),
+        ({"text": "x", "deadline": "1760356800"}, "deadline"),
+        ({"text": "x", "allowed_tools": [1]}, "allowed_tools.0"),
+        ({"text": "x", "metadata": {"k": True}}, "metadata.k"),
+        ({"text": "x", "model": 5}, "model"),
+    ]
+    for body, fld in wrong:
+        r = await api.http.post("/v1/goals", json=body, headers=h)
+        assert r.status_code == 422, (body, r.text)
+        assert error_of(r)["field"] == fld, (body, r.text)
+    assert await redis.zcard(keys.goal_index()) == 0
+    good = {"text": "x", "budget_tokens": 5000, "budget_usd": 2, "deadline": "2030-10-13T12:00:00Z", "model": "fast"}
+    r = await api.http.post("/v1/goals", json=good, headers=h)
+    assert r.status_code == 201, r.text
+    record = await api.client.get(r.json()["goal_id"])
+    assert (record.budget_tokens, record.goal.budget_usd, record.goal.deadline, record.goal.model) == (
+        5000,
+        2.0,
+        datetime(2030, 10, 13, 12, tzinfo=UTC),
+        "fast",
+    )
+    r = await api.http.post(f"/v1/goals/{record.id}/cancel", json={"reason": 5}, headers=h)
+    assert r.status_code == 422 and error_of(r)["field"] == "reason"
+    r = await api.http.post("/v1/approvals/g/c/deny", json={"reason": True}, headers=api.auth("approver"))
+    assert r.status_code == 422 and error_of(r)["field"] == "reason"
+
+
+async def test_a_body_not_sent_as_json_is_a_415_naming_content_type(api: Api, redis: ArqRedis, keys: Keys) -> None:
+    """Form-encoded or text/plain bodies (curl -d) get 415 naming Content-Type and application/json."""
+    gid = await api.client.submit("cancel me")
+    posts = [
+        ("/v1/goals", "submitter"),
+        (f"/v1/goals/{gid}/cancel", "submitter"),
+        (f"/v1/approvals/{gid}/c1/approve", "approver"),
+        (f"/v1/approvals/{gid}/c1/deny", "approver"),
+    ]
+    for path, who in posts:
+        for ctype in ("application/x-www-form-urlencoded", "text/plain"):
+            r = await api.http.post(path, content=b'{"text": "x"}', headers={**api.auth(who), "Content-Type": ctype})
+            assert r.status_code == 415, (path, ctype, r.text)
+            err = error_of(r)
+            assert (err["type"], err["field"]) == ("unsupported_media_type", "Content-Type"), err
+            assert "application/json" in err["message"] and ctype in err["message"], err
+    assert await redis.zcard(keys.goal_index()) == 1 and (await api.client.get(gid)).state is GoalState.SUBMITTED
+    for ctype in ("application/json; charset=utf-8", "application/merge-patch+json"):
+        r = await api.http.post(
+            "/v1/goals", content=b'{"text": "x"}', headers={**api.auth("submitter"), "Content-Type": ctype}
+        )
+        assert r.status_code == 201, (ctype, r.text)
+    r = await api.http.post(f"/v1/goals/{gid}/cancel", headers=api.auth("submitter"))  # no body: no type needed
+    assert r.status_code == 200, r.text
+
+
+def _raw_http(url: str, request: bytes, then: bytes = b"", wait: float = 0) -> tuple[bytes, bool, float]:
+    """Send `request` on a fresh connection (and `then` after `wait` s); the whole answer, whether the
+    server closed the connection after it, and the seconds it took."""
+    host, port = url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(request)
+        if then:
+            time.sleep(wait)
+            sock.sendall(then)
+        data = b""
+        while chunk := sock.recv(65536):  # b"": the server closed the connection
+            data += chunk
+        return data, True, time.monotonic() - started
+
+
+def _json_answer(raw: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+async def test_a_request_the_server_cannot_parse_gets_the_json_error_shape(api: Api) -> None:
+    """`Content-Length: abc` and a malformed header line are answered 400 in JSON, and the connection closed."""
+    cases = [
+        (b"POST /v1/goals HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", "Content-Length"),
+        (b"GET /v1/goals HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", None),
+    ]
+    for request, fld in cases:
+        raw, closed, _ = await asyncio.to_thread(_raw_http, api.url, request)
+        status, headers, body = _json_answer(raw)
+        assert status == 400 and headers["content-type"] == "application/json" and closed, raw
+        assert set(body) == {"error"} and body["error"]["type"] == "invalid_request", body
+        assert body["error"]["field"] == fld and "malformed HTTP request" in body["error"]["message"], body
+
+
+async def test_a_body_that_never_arrives_times_out_with_408(redis: ArqRedis, keys: Keys) -> None:
+    """A body shorter than its Content-Length is answered 408 in JSON after the body timeout, connection closed."""
+    book = TokenBook(parse_tokens(entry_for("submitter", ["submit"], "secret-submitter"), "test"))
+    async with serving(Client(redis, keys, 1000), ApiConfig(tokens=book, body_timeout=0.5)) as url:
+        head = b"POST /v1/goals HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret-submitter\r\n"
+        head += b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        raw, closed, took = await asyncio.to_thread(_raw_http, url, head + b'{"text": "x')
+        status, headers, body = _json_answer(raw)
+        assert status == 408 and closed and headers["connection"] == "close", raw
+        assert body["error"]["type"] == "request_timeout" and "TASKLOOM_API_BODY_TIMEOUT" in body["error"]["message"]
+        assert 0.5 <= took < 5, took
+        # A body that arrives in pieces, within the timeout, is read whole.
+        rest = b'", "budget_tokens": 700}'
+        raw, _, _ = await asyncio.to_thread(
+            _raw_http,
+            url,
+            head.replace(b"Content-Length: 100", f"Content-Length: {11 + len(rest)}".encode())
+            .replace(b"HTTP/1.1\r\n", b"HTTP/1.1\r\nConnection: close\r\n")
+            + b'{"text": "x',
+            rest,
+            0.2,
+        )
+        assert _json_answer(raw)[0] == 201, raw
+    assert await redis.zcard(keys.goal_index()) == 1
+
+
+async def test_cancelling_a_goal_that_already_ended_is_409_whatever_ended_it(api: Api) -> None:
+    """The first cancel answers 200; cancelling any ended goal, cancelled included, answers 409."""
+    h = api.auth("submitter")
+    gid = await api.client.submit("cancel twice")
+    first = await api.http.post(f"/v1/goals/{gid}/cancel", headers=h)
+    assert first.status_code == 200 and first.json() == {"goal_id": gid, "changed": True}
+    again = await api.http.post(f"/v1/goals/{gid}/cancel", headers=h, json={"reason": "again"})
+    assert again.status_code == 409 and error_of(again)["type"] == "conflict"
+    assert "already ended (cancelled)" in error_of(again)["message"]
+    ends = {
+        GoalState.SUCCEEDED: [GoalState.PLANNING, GoalState.RUNNING, GoalState.REVIEWING, GoalState.SUCCEEDED],
+        GoalState.FAILED: [GoalState.FAILED],
+        GoalState.BUDGET_EXHAUSTED: [GoalState.BUDGET_EXHAUSTED],
+    }
+    for end, path in ends.items():
+        g = await api.client.submit(f"ends {end.value}")
+        for state in path:
+            await api.client.store.transition_goal(g, state)
+        r = await api.http.post(f"/v1/goals/{g}/cancel", headers=h)
+        assert r.status_code == 409 and f"already ended ({end.value})" in error_of(r)["message"], r.text
+        assert (await api.client.get(g)).state is end
+
+
+async def test_fleet_shows_live_workers_queue_depths_and_the_longest_wait(
+    api: Api, redis: ArqRedis, keys: Keys
+) -> None:
+    """GET /v1/fleet: per role live workers, queue depth and oldest due job not running; ok once every role lives."""
+    from bus import fleet
+
+    r = await api.http.get("/v1/fleet")
+    assert r.status_code == 401
+    empty = (await api.http.get("/v1/fleet", headers=api.auth("reader"))).json()
+    assert set(empty) == {"ok", "roles", "checked_at"} and empty["ok"] is False
+    assert empty["roles"] == [
+        {"role": role, "live_workers": 0, "queue_depth": 0, "oldest_queued_age_s": None}
+        for role in ("planner", "executor", "critic")
+    ]
+    checked = datetime.fromisoformat(empty["checked_at"])
+    assert checked.utcoffset() is not None and checked.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
+    assert abs((datetime.now(UTC) - checked).total_seconds()) < 60
+
+    await fleet.beat(redis, keys, ["planner", "executor"], "host-a:1", 30)
+    await fleet.beat(redis, keys, ["executor"], "host-b:2", 30)
+    await fleet.beat(redis, keys, ["critic"], "host-c:3", -1)  # a beat already stale: a dead worker
+    now = fleet.now_ms()
+    queue = keys.queue("executor")
+    await redis.zadd(queue, {"running-job": now - 60_000, "waiting-job": now - 4_000, "deferred-job": now + 60_000})
+    await redis.set("arq:in-progress:running-job", b"1", px=30_000)  # arq's mark of a job a worker runs
+    try:
+        view = (await api.http.get("/v1/fleet", headers=api.auth("reader"))).json()
+    finally:
+        await redis.delete("arq:in-progress:running-job")
+    roles = {row["role"]: row for row in view["roles"]}
+    assert view["ok"] is False  # the critic's only worker is dead
+    assert (roles["planner"]["live_workers"], roles["executor"]["live_workers"], roles["critic"]["live_workers"]) == (
+        1,
+        2,
+        0,
+    )
+    assert roles["executor"]["queue_depth"] == 3
+    assert 3.5 < roles["executor"]["oldest_queued_age_s"] < 30  # the waiting job, not the running or deferred one
+    assert roles["planner"]["oldest_queued_age_s"] is None
+    await fleet.beat(redis, keys, ["critic"], "host-c:3", 30)
+    assert (await api.http.get("/v1/fleet", headers=api.auth("reader"))).json()["ok"] is True
+
+
+async def test_readyz_can_require_a_live_worker_per_role(redis: ArqRedis, keys: Keys) -> None:
+    """/readyz ignores workers by default; with ready_requires_workers it is 503 naming each role without one."""
+    from bus import fleet
+
+    client = Client(redis, keys, 1000)
+    async with serving(client, ApiConfig(insecure_local=True)) as url:
+        async with httpx2.AsyncClient(base_url=url, timeout=20, trust_env=False) as http:
+            r = await http.get("/readyz")
+            assert r.status_code == 200 and r.json() == {"ok": True, "reasons": []}
+    async with serving(client, ApiConfig(insecure_local=True, ready_requires_workers=True)) as url:
+        async with httpx2.AsyncClient(base_url=url, timeout=20, trust_env=False) as http:
+            await fleet.beat(redis, keys, ["planner", "critic"], "host-a:1", 30)
+            r = await http.get("/readyz")
+            assert r.status_code == 503 and r.json() == {"ok": False, "reasons": ["no live executor worker"]}
+            await fleet.beat(redis, keys, ["executor"], "host-a:1", 30)
+            assert (await http.get("/readyz")).status_code == 200
+
+
+def test_help_names_the_api_extra(subprocess_env: dict[str, str]) -> None:
+    """`taskloom --help` and `taskloom api --help` print `pip install 'taskloom[api]'` (no markup eats it)."""
+    env = {**subprocess_env, "COLUMNS": "200"}  # no wrapping inside the phrase
+    for args in (("--help",), ("api", "--help")):
+        r = run_cli(*args, env=env)
+        assert r.returncode == 0 and "pip install 'taskloom[api]'" in r.stdout, r.stdout
+
+
+def _frames(lines: list[str]) -> list[dict[str, str]]:
+    frames, cur = [], {}
+    for line in lines:
+        if line == "":
+            if cur:
+                frames.append(cur)
+            cur = {}
+        elif not line.startswith(":"):
+            k, _, v = line.partition(":")
+            cur[k] = v.lstrip()
+    return frames
+
+
+def test_sigterm_ends_open_event_streams_with_a_shutdown_frame_and_exits_within_2_s(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGTERM with two event streams open: each ends with `retry` + `event: shutdown`; exit 0 in 2 s, no error."""
+    env = {**subprocess_env, "TASKLOOM_API_TOKENS": entry_for("ci", ["admin"], "ci-token")}
+    log = tmp_path / "api.log"
+    proc, lines = _start_api(env, log)
+    h = {"Authorization": "Bearer ci-token"}
+    base = lines["console"].rstrip("/")
+    try:
+        with httpx2.Client(base_url=base, timeout=20, trust_env=False) as http:
+            gid = http.post("/v1/goals", json={"text": "followed"}, headers=h).json()["goal_id"]
+        received: dict[str, list[str]] = {}
+
+        async def follow(path: str, opened: asyncio.Event) -> None:
+            async with httpx2.AsyncClient(base_url=base, timeout=20, trust_env=False) as http:
+                async with http.stream("GET", path, headers=h) as r:
+                    assert r.status_code == 200
+                    got = received.setdefault(path, [])
+                    async for line in r.aiter_lines():
+                        got.append(line)
+                        if line == "" and len(got) > 1:
+                            opened.set()  # the opening `retry: 2000` frame arrived: the stream is open
+
+        async def scenario() -> float:
+            paths = ["/v1/events", f"/v1/goals/{gid}/events"]
+            opened = [asyncio.Event() for _ in paths]
+            readers = [asyncio.create_task(follow(p, o)) for p, o in zip(paths, opened, strict=True)]
+            for o in opened:
+                await asyncio.wait_for(o.wait(), 20)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(asyncio.gather(*readers), 10)  # each stream ends by itself
+            await asyncio.to_thread(proc.wait, 10)
+            return time.monotonic() - started
+
+        took = asyncio.run(scenario())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    output = log.read_text()
+    assert proc.returncode == 0, output
+    assert took < 2, (took, output)
+    for path, got in received.items():
+        last = _frames(got)[-1]
+        assert last == {"retry": "1000", "event": "shutdown", "data": '{"reconnect": true}'}, (path, got)
+    assert not [line for line in output.splitlines() if '"level": "error"' in line or "Traceback" in line], output
+
+
+def test_api_settings_reach_the_server(subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    """`taskloom api` honours TASKLOOM_API_READY_REQUIRES_WORKERS (503, no workers) and TASKLOOM_API_BODY_TIMEOUT."""
+    env = {
+        **subprocess_env,
+        "TASKLOOM_API_TOKENS": entry_for("ci", ["admin"], "ci-token"),
+        "TASKLOOM_API_READY_REQUIRES_WORKERS": "true",
+        "TASKLOOM_API_BODY_TIMEOUT": "0.5",
+    }
+    proc, lines = _start_api(env, tmp_path / "api.log")
+    try:
+        base = lines["console"].rstrip("/")
+        with httpx2.Client(base_url=base, timeout=20, trust_env=False) as http:
+            r = http.get("/readyz")
+            assert r.status_code == 503 and r.json()["reasons"] == [
+                f"no live {role} worker" for role in ("planner", "executor", "critic")
+            ], r.text
+        head = b"POST /v1/goals HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ci-token\r\nContent-Length: 50\r\n\r\n{"
+        raw, _, took = _raw_http(base, head)
+        assert _json_answer(raw)[0] == 408 and took < 5, (raw, took)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, (tmp_path / "api.log").read_text()
+
+
+async def test_a_goal_may_name_only_a_configured_model_alias(redis: ArqRedis, keys: Keys) -> None:
+    """With the models file's aliases known to the API, `model` must be one of them: another is a 422
+    naming the field and the aliases, and nothing is stored."""
+    book = TokenBook(parse_tokens(entry_for("submitter", ("read", "submit"), "secret-submitter"), "test"))
+    client = Client(redis, keys, default_budget_tokens=50_000)
+    config = ApiConfig(tokens=book, model_aliases=frozenset({"fast", "strong"}))
+    async with serving(client, config) as url, httpx2.AsyncClient(base_url=url, timeout=20, trust_env=False) as http:
+        h = {"Authorization": "Bearer secret-submitter"}
+        bad = await http.post("/v1/goals", json={"text": "x", "model": "cheap"}, headers=h)
+        assert bad.status_code == 422, bad.text
+        err = error_of(bad)
+        assert err["field"] == "model" and "'cheap'" in err["message"] and "fast, strong" in err["message"]
+        good = await http.post("/v1/goals", json={"text": "x", "model": "fast"}, headers=h)
+        assert good.status_code == 201, good.text
+        assert (await client.get(good.json()["goal_id"])).goal.model == "fast"
+        assert await redis.zcard(keys.goal_index()) == 1

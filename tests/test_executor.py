@@ -471,3 +471,199 @@ async def test_a_rerun_after_a_crash_past_the_result_hands_it_on_without_a_model
     await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1, resume=2), REGISTRY)
     assert [q.decode() for q in await redis.zrange(keys.queue("critic"), 0, -1)] == [review_id]
     assert fake.message_requests == []
+
+
+@pytest.fixture
+def counter(tmp_path: Any) -> Iterator[Any]:
+    """The test toolkit's run log (TL_COUNTER_FILE): one line per real run of a counted tool."""
+    import os
+
+    path = tmp_path / "count.txt"
+    os.environ["TL_COUNTER_FILE"] = str(path)
+    yield path
+    del os.environ["TL_COUNTER_FILE"]
+
+
+def runs(counter: Any) -> list[str]:
+    return counter.read_text().splitlines() if counter.exists() else []
+
+
+async def retry_task(env: Env, feedback: str = "SAY MORE") -> None:
+    """What the critic does for a retry verdict: attempt 2, with its feedback."""
+    await env.rt.store.transition_task(
+        env.goal_id, "t1", TaskState.RETRYING, expected_attempt=1, attempt=2, feedback=feedback
+    )
+
+
+async def test_a_retry_repeating_an_approved_done_side_effect_replays_it_without_asking_again(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer, counter: Any
+) -> None:
+    """Approved and done in attempt 1, the same call in the critic's retry gets the recorded outcome:
+    no second approval request, no second run, and the attempt goes on to its answer."""
+    env = await start_task(redis, keys, settings, model, ["refund"])
+    refund = [tool_reply([("refund", {"order": "A1"})]) for _ in range(2)]  # two turns, two call ids
+    fake.enqueue(refund[0], text_reply("refunded A1"), refund[1], text_reply("A1 was refunded (attempt 2)"))
+    await run_paused(env)
+    (call_id,) = await env.client.approvals(env.goal_id)
+    assert await env.client.decide(env.goal_id, call_id, approved=True)
+    await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1, resume=1), REGISTRY)
+    assert runs(counter) == ["refund A1"]
+
+    await retry_task(env)
+    await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=2), REGISTRY)
+    result = await env.rt.store.get_result(env.goal_id, "t1", 2)
+    assert result is not None and result.answer == "A1 was refunded (attempt 2)"
+    assert (await env.rt.store.get_task(env.goal_id, "t1")).state is TaskState.REVIEWING
+    assert await env.client.approvals(env.goal_id) == {}
+    assert runs(counter) == ["refund A1"]  # ran once, in attempt 1
+    (replay,) = tool_results(fake.message_requests[3])
+    assert not replay.get("is_error") and "already done in attempt 1; not run again] refunded A1" in replay["content"]
+    events = [e async for e in env.client.events(env.goal_id, follow=False)]
+    assert [e.type for e in events].count("tool.approval_requested") == 1
+    answered = [e.data["answered_by"] for e in events if e.type == "tool.call"]
+    assert answered == ["invoke", "replay"]
+
+
+async def run_paused(env: Env) -> None:
+    await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1), REGISTRY)
+    assert (await env.rt.store.get_task(env.goal_id, "t1")).state is TaskState.WAITING_APPROVAL
+
+
+async def test_a_denied_call_never_ran_and_the_model_is_told_so(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer, counter: Any
+) -> None:
+    """A denied side-effecting call does not run, leaves no effect record, and the model reads that it was not run."""
+    from bus.effects import SideEffects
+
+    env = await start_task(redis, keys, settings, model, ["refund"])
+    fake.enqueue(tool_reply([("refund", {"order": "A1"})]), text_reply("not refunded"))
+    await run_paused(env)
+    (call_id,) = await env.client.approvals(env.goal_id)
+    assert await env.client.decide(env.goal_id, call_id, approved=False, reason="over the limit")
+    await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1, resume=1), REGISTRY)
+    (observation,) = tool_results(fake.message_requests[1])
+    assert observation["is_error"]
+    assert observation["content"] == "ERROR: refund was not run: denied by an operator: over the limit"
+    assert runs(counter) == []
+    assert await SideEffects(redis, keys).history(env.goal_id, "t1") == []
+
+
+async def test_an_approval_request_carries_the_earlier_calls_of_its_tool_in_the_task(
+    redis: ArqRedis,
+    keys: Keys,
+    settings: Settings,
+    model: AnthropicModel,
+    fake: FakeAnthropicServer,
+    counter: Any,
+    subprocess_env: dict[str, str],
+) -> None:
+    """A new refund in the retry asks again; the request (and `taskloom status`) shows attempt 1's refund."""
+    from helpers import run_cli
+
+    env = await start_task(redis, keys, settings, model, ["refund"])
+    a1, a2 = tool_reply([("refund", {"order": "A1"})]), tool_reply([("refund", {"order": "A2"})])
+    fake.enqueue(a1, text_reply("done"), a2)
+    await run_paused(env)
+    (first,) = await env.client.approvals(env.goal_id)
+    assert (await env.client.approvals(env.goal_id))[first]["earlier"] == []
+    assert await env.client.decide(env.goal_id, first, approved=True)
+    await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1, resume=1), REGISTRY)
+    await retry_task(env)
+    await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=2), REGISTRY)
+    assert (await env.rt.store.get_task(env.goal_id, "t1")).state is TaskState.WAITING_APPROVAL
+    (request,) = (await env.client.approvals(env.goal_id)).values()
+    assert request["input"] == {"order": "A2"}
+    [earlier] = request["earlier"]
+    assert earlier == {
+        "attempt": 1,
+        "call_id": first,
+        "input": {"order": "A1"},
+        "outcome": "ok",
+        "result": "refunded A1",
+    }
+    [pending] = await env.client.pending_approvals(goal_id=env.goal_id)
+    assert [(e.attempt, e.outcome) for e in pending.earlier] == [(1, "ok")]
+    status = run_cli("status", env.goal_id, env=subprocess_env)
+    assert 'earlier, attempt 1: refund({"order": "A1"}) -> ok: refunded A1' in status.stdout, status.stdout
+
+
+async def test_a_read_only_call_that_failed_is_run_again_when_the_model_retries_it(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """An identical retry after an error runs the tool again (error, then success), and the attempt answers."""
+    env = await start_task(redis, keys, settings, model, ["flaky"])
+    call = [tool_reply([("flaky", {"key": "once", "fails": 1})]) for _ in range(2)]
+    fake.enqueue(*call, text_reply("fine on the second try"))
+    result = await run(env)
+    assert result.stop_reason == "answered" and result.answer == "fine on the second try"
+    assert tk.FLAKY["once"] == 2
+    (failed,) = tool_results(fake.message_requests[1])
+    (fine,) = tool_results(fake.message_requests[2])
+    assert failed["is_error"] and "backend unavailable, try again" in failed["content"]
+    assert not fine.get("is_error") and fine["content"] == "once: fine after 2 calls"
+
+
+@pytest.mark.parametrize("retries", [2, 0])
+async def test_failed_retries_are_bounded_by_the_setting_then_count_as_a_loop(
+    redis: ArqRedis,
+    keys: Keys,
+    settings: Settings,
+    model: AnthropicModel,
+    fake: FakeAnthropicServer,
+    retries: int,
+) -> None:
+    """A call that keeps failing runs 1 + tool_error_retries times; the next repeat is warned, the one after stops."""
+    env = await start_task(redis, keys, settings, model, ["flaky"], tool_error_retries=retries)
+    key = f"always-{retries}"
+    fake.respond_with(lambda req: tool_reply([("flaky", {"key": key, "fails": 100})]))
+    result = await run(env)
+    assert result.stop_reason == "loop_detected"
+    assert tk.FLAKY[key] == 1 + retries
+    assert len(fake.message_requests) == retries + 3
+    (warning,) = tool_results(fake.message_requests[-1])
+    assert warning["is_error"] and f"failed {1 + retries} times in this task; it is not run again" in warning["content"]
+
+
+async def test_a_succeeded_call_repeated_identically_is_still_a_loop(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer, counter: Any
+) -> None:
+    """A call that succeeded runs once; its identical repeat is warned (not run), the next one ends the attempt."""
+    env = await start_task(redis, keys, settings, model, ["count"])
+    fake.respond_with(lambda req: tool_reply([("count", {"name": "same"})]))
+    result = await run(env)
+    assert result.stop_reason == "loop_detected"
+    assert runs(counter) == ["same"]
+    steps = await AttemptStore(redis, keys, env.goal_id, "t1", 1).steps()
+    assert [o.outcome for s in steps for o in s.outcomes] == ["ok", "repeated", "loop"]
+
+
+async def test_arguments_that_are_not_a_json_object_get_an_error_and_never_run(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer, counter: Any
+) -> None:
+    """A turn whose tool_use arguments were not a JSON object (input {}) is answered with an ERROR naming
+    the problem and quoting the raw text, cut; the tool does not run, even one that needs no arguments."""
+    env = await start_task(redis, keys, settings, model, ["big", "count"])
+    raw = "[" + "1, " * 200 + "2]"
+    turn = ModelResponse(
+        content=[
+            ToolUseBlock(id="call_big", name="big", input={}, invalid_input="null"),
+            ToolUseBlock(id="call_count", name="count", input={}, invalid_input=raw),
+        ],
+        stop_reason="tool_use",
+        usage=Usage(input_tokens=10, output_tokens=5),
+        model="claude-test",
+    )
+    seeded = AttemptStore(redis, keys, env.goal_id, "t1", 1)
+    assert await seeded.acquire("earlier-worker", ttl=0.05)
+    await seeded.save_turn(turn)  # as if received just before that worker stopped
+    await asyncio.sleep(0.1)
+    fake.enqueue(text_reply("I will send proper arguments"))
+    assert (await run(env)).answer == "I will send proper arguments"
+    big, count = tool_results(fake.message_requests[0])
+    assert big["is_error"] and big["content"] == (
+        "ERROR: invalid arguments for big: the arguments were not a JSON object (received 'null'); "
+        "send them as one JSON object"
+    )
+    assert count["is_error"] and "were not a JSON object (received '[1, 1, " in count["content"]
+    assert "[... 403 more characters]" in count["content"] and len(count["content"]) < 400
+    assert runs(counter) == []

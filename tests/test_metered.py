@@ -212,8 +212,8 @@ def test_nothing_billed_table(error: BaseException, released: bool) -> None:
 
 # -- the only way to a model ----------------------------------------------------------------------
 
-FORBIDDEN_MODULES = ("anthropic", "llm.anthropic", "llm.demo", "llm.testing")
-FORBIDDEN_NAMES = {"AnthropicModel", "DemoModel", "make_model"}
+FORBIDDEN_MODULES = ("anthropic", "openai", "llm.anthropic", "llm.openai", "llm.providers", "llm.demo", "llm.testing")
+FORBIDDEN_NAMES = {"AnthropicModel", "OpenAIModel", "DemoModel", "make_model", "build_model"}
 
 
 def _forbidden(module: str) -> bool:

@@ -12,6 +12,7 @@ from helpers import run_cli
 
 from llm.errors import ModelConfigError
 from llm.providers import ModelConfig, build_model
+from llm.types import Message, ModelRequest
 from taskloom.models import ModelCatalog, ModelRouter, chain_of, load_models_file
 from taskloom.settings import SettingsError, load_settings
 
@@ -125,6 +126,37 @@ def test_the_router_picks_per_role_and_per_goal(tmp_path: Path) -> None:
     assert sorted(built) == [("claude-sonnet-4-5", False), ("gpt-4.1-mini", True), ("qwen2.5:7b", False)]
 
 
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (ModelConfig(provider="openai", model="o3-mini"), "max_completion_tokens"),
+        (ModelConfig(provider="openai", model="qwen", base_url="http://127.0.0.1:11434/v1"), "max_tokens"),
+        (
+            ModelConfig(provider="openai", model="q", base_url="http://h/v1", max_tokens_param="max_completion_tokens"),
+            "max_completion_tokens",
+        ),
+    ],
+)
+async def test_the_output_cap_goes_where_the_server_reads_it(
+    config: ModelConfig, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenAI's own API takes max_completion_tokens; a local server (a base_url) gets max_tokens, the only
+    field Ollama and llama.cpp read, so the ledger's cap on output holds there too."""
+    from llm.testing import FakeOpenAIServer, openai_text_reply
+
+    with FakeOpenAIServer() as server:
+        server.enqueue(openai_text_reply("ok"))
+        if config.base_url is None:  # OpenAI's own API, reached through the SDK's variable here
+            monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        else:
+            config = config.model_copy(update={"base_url": server.base_url})
+        model = build_model(config, environ={"OPENAI_API_KEY": "k"})
+        await model.complete(ModelRequest(messages=[Message.user("hi")], max_tokens=77))
+        await model.aclose()  # type: ignore[attr-defined]
+        body = server.requests[0].body
+    assert body[expected] == 77 and len({"max_tokens", "max_completion_tokens"} & set(body)) == 1
+
+
 def test_chain_of_stops_at_cycles() -> None:
     """The chain walk itself refuses a cycle (the file check relies on it)."""
     from taskloom.models import Alias
@@ -184,3 +216,25 @@ def test_cli_stops_with_exit_2_naming_the_problem(tmp_path: Path) -> None:
     env = _env(tmp_path, TASKLOOM_MODELS_FILE=good, TASKLOOM_MODEL="strong")
     proc = run_cli("worker", "critic", "--burst", env=env)
     assert proc.returncode == 2 and "TL_TEST_ANTHROPIC_KEY" in proc.stderr, proc.stderr
+
+
+def test_demo_runs_on_a_configured_model(tmp_path: Path) -> None:
+    """`taskloom demo --model ALIAS` runs the same goal on the alias (here the fake Chat Completions server
+    answering with the demo model's rules); with no --model it stays on the offline demo model."""
+    from llm.demo import DemoModel
+    from llm.testing import FakeOpenAIServer, openai_responder_from_model
+
+    with FakeOpenAIServer() as oa:
+        oa.respond_with(openai_responder_from_model(DemoModel(latency=0)))
+        models = _file(
+            tmp_path,
+            f'[models.oa]\nprovider = "openai"\nmodel = "gpt-test"\nbase_url = "{oa.base_url}"\n'
+            'api_key_env = "TL_TEST_OA_KEY"\n',
+        )
+        env = _env(tmp_path, TASKLOOM_MODELS_FILE=str(models), TL_TEST_OA_KEY="sk-test", TASKLOOM_MODEL="oa")
+        proc = run_cli("demo", "--model", "oa", "--json", env=env, timeout=120)
+        served = len(oa.requests)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert served > 5 and json.loads(proc.stdout.splitlines()[-1])["state"] == "succeeded"
+    bad = run_cli("demo", "--model", "nope", env=env)
+    assert bad.returncode == 2 and "--model" in bad.stderr

@@ -11,8 +11,9 @@ goals on them at once (marked `e2e`; see the README's testing section for how lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 import toolkits_for_tests
 from arq.connections import ArqRedis
-from helpers import eventually
+from helpers import eventually, openai_model_env
 from test_e2e import fleet, worker_env
 
 from bus.client import Client
@@ -34,6 +35,7 @@ from taskloom.testing import (
     ReplayModel,
     RunResult,
     ScriptedModel,
+    UnscriptedRequest,
     accept,
     collect,
     http_responder,
@@ -219,8 +221,9 @@ async def drive(runner: Runner, scenario: Scenario) -> RunResult:
     return replace(result, seconds=time.monotonic() - started)
 
 
-def signature(result: RunResult) -> tuple[Any, ...]:
-    """How a run ended, in terms both paths must agree on exactly."""
+def signature(result: RunResult, tokens: bool = True) -> tuple[Any, ...]:
+    """How a run ended, in terms both paths must agree on exactly. `tokens=False` leaves out the tokens
+    spent: the Chat Completions wire is not the size of the Messages wire the in-process run counts."""
     calls = sorted((c.task_id, c.attempt, c.name, str(c.input), c.outcome) for c in result.tool_calls)
     books = result.ledger
     return (
@@ -229,7 +232,7 @@ def signature(result: RunResult) -> tuple[Any, ...]:
         {t: (r.state, r.attempt, r.reason) for t, r in result.tasks.items()},
         [(r.task_id, r.attempt, r.answer, r.stop_reason) for r in result.results],
         calls,
-        (books.calls, books.spent, books.refusals) if books else None,
+        (books.calls, books.spent if tokens else None, books.refusals) if books else None,
     )
 
 
@@ -297,19 +300,62 @@ def by_goal(all_scenarios: list[Scenario]) -> Callable[[RecordedRequest], FakeSc
     return respond
 
 
+def openai_by_goal(all_scenarios: list[Scenario]) -> Callable[[Any], Any]:
+    """`by_goal` for the fake Chat Completions server: the same scripts, the OpenAI dialect on the wire."""
+    from llm.testing import openai_reply_from_response, openai_request_from_wire
+
+    def respond(recorded: Any) -> Any:
+        request = openai_request_from_wire(recorded.body)
+        first = _first_text(request)
+        for s in all_scenarios:
+            if s.goal in first:
+                try:
+                    return openai_reply_from_response(s.scripted.respond(request))
+                except UnscriptedRequest as exc:
+                    return Failure(status=400, body={"error": {"message": str(exc), "type": "invalid_request_error"}})
+        return Failure(status=400, body={"error": {"message": "no parity scenario has this goal"}})
+
+    return respond
+
+
+@contextlib.contextmanager
+def dialect_server(
+    dialect: str, all_scenarios: list[Scenario], subprocess_env: dict[str, str], tmp_path: Path, **extra: str
+) -> Iterator[tuple[dict[str, str], Callable[[], int]]]:
+    """The fake server of `dialect` answering every scenario, the workers' environment for it, and what
+    it has billed so far (tokens)."""
+    if dialect == "anthropic":
+        with FakeAnthropicServer() as fake:
+            fake.respond_with(by_goal(all_scenarios))
+            yield worker_env(subprocess_env, fake, tmp_path, **extra), lambda: fake.billed.total
+        return
+    from llm.testing import FakeOpenAIServer
+
+    with FakeOpenAIServer() as oa:
+        oa.respond_with(openai_by_goal(all_scenarios))
+        counter, models = tmp_path / "counter.txt", tmp_path / "models.toml"
+        env = openai_model_env(subprocess_env, oa.base_url, counter, models, TASKLOOM_POLL_DELAY="0.01", **extra)
+        yield env, lambda: oa.billed.total
+
+
 @pytest.mark.e2e
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
 async def test_scenarios_on_worker_processes(
-    redis: ArqRedis, keys: Keys, subprocess_env: dict[str, str], tmp_path: Path
+    redis: ArqRedis, keys: Keys, subprocess_env: dict[str, str], tmp_path: Path, dialect: str
 ) -> None:
-    """All parity scenarios at once on real planner, critic and executor processes: the same checks pass."""
+    """All parity scenarios at once on real planner, critic and executor processes, the model behind the
+    fake Messages API or the fake Chat Completions API: the same checks pass, and each goal ends exactly
+    as it does in-process, tokens spent included."""
     all_scenarios = scenarios()
-    with FakeAnthropicServer() as fake:
-        fake.respond_with(by_goal(all_scenarios))
-        # The workers also record every model call they make: replayed in-process below.
-        env = worker_env(subprocess_env, fake, tmp_path, TASKLOOM_RECORD=str(tmp_path / "fleet.jsonl"))
+    # The workers also record every model call they make: replayed in-process below.
+    with dialect_server(
+        dialect, all_scenarios, subprocess_env, tmp_path, TASKLOOM_RECORD=str(tmp_path / "fleet.jsonl")
+    ) as (env, billed):
         runner = Workers(redis, keys)
         async with fleet(env, tmp_path, "planner", "critic", "executor"):
             results = await asyncio.gather(*(drive(runner, s) for s in all_scenarios))
+        # The books hold exactly what the provider billed (no call of these scenarios is left open).
+        assert sum(r.ledger.spent for r in results if r.ledger) == billed()
     lines = counter_lines(tmp_path / "counter.txt")
     for scenario, result in zip(all_scenarios, results, strict=True):
         assert not scenario.scripted.problems, scenario.name
@@ -319,9 +365,10 @@ async def test_scenarios_on_worker_processes(
     for scenario, result in zip(scenarios(), results, strict=True):
         async with InProcessFleet(model=scenario.scripted, tools=toolkits_for_tests.kit) as f:
             in_process = await drive(InProcess(f), scenario)
-        assert signature(in_process) == signature(result), scenario.name
+        tokens = dialect == "anthropic"
+        assert signature(in_process, tokens) == signature(result, tokens), scenario.name
         if scenario.during is None:  # acting mid-run is timed on the scripted model's requests
             replay = ReplayModel(tmp_path / "fleet.jsonl")
             async with InProcessFleet(model=replay, tools=toolkits_for_tests.kit) as f:
                 replayed = await drive(InProcess(f), scenario)
-            assert signature(replayed) == signature(result), scenario.name
+            assert signature(replayed, tokens) == signature(result, tokens), scenario.name

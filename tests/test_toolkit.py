@@ -9,8 +9,9 @@ import pytest
 
 from executor import policy
 from executor.gateway import truncate
+from executor.pipeline.repeats import Seen, decide
 from executor.registry import ToolLoadError, ToolRegistry, load_registry
-from executor.toolkit import ToolContext, ToolDefinitionError, Toolkit, run_in_daemon_thread
+from executor.toolkit import _THREADS, ToolContext, ToolDefinitionError, Toolkit, run_in_daemon_thread
 from llm.pairing import check_tool_pairing
 from llm.types import Message, ModelResponse, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from taskloom import Toolkit as PublicToolkit
@@ -147,14 +148,33 @@ def test_stop_before_call(steps: int, elapsed: float, cancelled: bool, expect: s
     assert policy.stop_before_call(state, max_steps=5, elapsed=elapsed, timeout=10, cancelled=cancelled) == expect
 
 
-def test_repeat_is_warned_then_stopped_within_the_window() -> None:
-    """A call repeated within the window warns; after a warning it stops; outside the window it is fine."""
-    state = policy.LoopState(recent_calls=[("t", "d1"), ("t", "d2"), ("u", "d3")])
-    assert policy.check_repeat(state, "t", "d1", window=3) == "warn"
-    assert policy.check_repeat(state, "t", "d1", window=2) == "ok"
-    state.notes.add("repeat")
-    assert policy.check_repeat(state, "t", "d2", window=3) == "stop"
-    assert policy.check_repeat(state, "t", "d9", window=3) == "ok"
+def test_repeat_of_a_success_is_warned_then_stopped_within_the_window() -> None:
+    """A succeeded call repeated within the window warns; after a warning it stops; outside the window it runs."""
+    seen = [Seen("t", "d1", "ok"), Seen("t", "d2", "ok"), Seen("u", "d3", "ok")]
+    assert decide(seen, "t", "d1", window=3, retries=2, warned=False) == "warn"
+    assert decide(seen, "t", "d1", window=2, retries=2, warned=False) == "run"
+    assert decide(seen, "t", "d2", window=3, retries=2, warned=True) == "stop"
+    assert decide(seen, "t", "d9", window=3, retries=2, warned=False) == "run"
+    assert decide([Seen("t", "d1", None)], "t", "d1", window=3, retries=2, warned=False) == "warn"  # twin still running
+
+
+@pytest.mark.parametrize(
+    ("earlier", "retries", "expect"),
+    [
+        (["error"], 2, "run"),
+        (["error", "timeout"], 2, "run"),
+        (["error", "unknown_outcome", "cancelled"], 2, "warn"),
+        (["error"], 0, "warn"),
+        (["ok", "error"], 2, "run"),  # the latest identical call failed: a retry may help
+        (["error", "ok"], 2, "warn"),  # the latest succeeded: the result will not change
+        (["denied"], 2, "warn"),
+        (["repeated"], 2, "warn"),
+    ],
+)
+def test_a_failed_call_may_be_retried_up_to_the_setting(earlier: list[str], retries: int, expect: str) -> None:
+    """After a failure an identical call runs again, `retries` times; a repeat of a settled call does not."""
+    seen = [Seen("t", "d1", o) for o in earlier]
+    assert decide(seen, "t", "d1", window=8, retries=retries, warned=False) == expect
 
 
 def test_condense_keeps_every_tool_pair_valid() -> None:
@@ -199,9 +219,13 @@ async def test_sync_tools_reuse_daemon_threads_and_a_stuck_call_does_not_hold_up
 
     late = asyncio.create_task(run_in_daemon_thread(stuck, {}, "tool-stuck"))
     await asyncio.sleep(0.05)
-    before = threading.active_count()
+    # The runner's own threads: any other thread of the process (a client library's, a test
+    # fixture's) may come and go meanwhile.
+    before = list(_THREADS.threads)
     seen = [await asyncio.wait_for(run_in_daemon_thread(where, {}, "tool-where"), 5) for _ in range(20)]
-    assert threading.active_count() - before <= 1  # at most one thread added for 20 calls
+    added = _THREADS.threads[len(before) :]
+    assert len(added) <= 1  # at most one thread added for 20 calls
+    assert {t.ident for t in seen} <= {t.ident for t in _THREADS.threads}  # every call ran on one of them
     assert all(t.daemon for t in seen) and all(t is not threading.main_thread() for t in seen)
     assert {t.name for t in seen} == {"taskloom-tool"}  # renamed back once the call returned
     release.set()

@@ -94,3 +94,22 @@ async def timed(name: str, seconds: float) -> str:
     await asyncio.sleep(seconds)
     _count(f"timed {name} {os.getpid()} {start:.6f} {time.monotonic():.6f}")
     return f"{name} took {seconds} s"
+
+
+@kit.tool(side_effects=True, requires_approval=True)
+def refund(order: str) -> str:
+    """Refunds an order: side effects, and a person approves each call."""
+    _count(f"refund {order}")
+    return f"refunded {order}"
+
+
+FLAKY: dict[str, int] = {}  # calls per key in this process
+
+
+@kit.tool(read_only=True)
+async def flaky(key: str, fails: int) -> str:
+    """Fails its first `fails` calls per key (a backend briefly unavailable), then answers."""
+    FLAKY[key] = FLAKY.get(key, 0) + 1
+    if FLAKY[key] <= fails:
+        raise RuntimeError("backend unavailable, try again")
+    return f"{key}: fine after {FLAKY[key]} calls"

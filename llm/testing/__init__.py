@@ -4,6 +4,8 @@ network guard.
 A fake, not a mock: the real SDK talks HTTP to it, so tests exercise the same code as production.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from llm.testing.guard import (
     NetworkBlockedError,
     blocked_attempts,
@@ -12,19 +14,6 @@ from llm.testing.guard import (
     clear_openai_env,
     install_network_guard,
     uninstall_network_guard,
-)
-from llm.testing.openai_server import FakeOpenAIServer
-from llm.testing.openai_wire import (
-    OpenAIReply,
-    ToolCall,
-    context_length_exceeded,
-    openai_error_body,
-    openai_rate_limited,
-    openai_reply_from_response,
-    openai_request_from_wire,
-    openai_responder_from_model,
-    openai_text_reply,
-    openai_tool_reply,
 )
 from llm.testing.script import (
     Failure,
@@ -40,6 +29,51 @@ from llm.testing.script import (
 )
 from llm.testing.server import FakeAnthropicServer, RecordedRequest, sse_events
 from llm.testing.wire import content_text, reply_from_response, request_from_wire, responder_from_model
+
+if TYPE_CHECKING:
+    from llm.testing.openai_server import FakeOpenAIServer
+    from llm.testing.openai_wire import (
+        OpenAIReply,
+        ToolCall,
+        context_length_exceeded,
+        openai_error_body,
+        openai_rate_limited,
+        openai_reply_from_response,
+        openai_request_from_wire,
+        openai_responder_from_model,
+        openai_text_reply,
+        openai_tool_reply,
+    )
+
+# The OpenAI fake needs the `openai` SDK (an extra): imported when first asked for, so that the
+# Anthropic fake and the testing kit work without it.
+_OPENAI = {
+    "FakeOpenAIServer": "llm.testing.openai_server",
+    **dict.fromkeys(
+        (
+            "OpenAIReply",
+            "ToolCall",
+            "context_length_exceeded",
+            "openai_error_body",
+            "openai_rate_limited",
+            "openai_reply_from_response",
+            "openai_request_from_wire",
+            "openai_responder_from_model",
+            "openai_text_reply",
+            "openai_tool_reply",
+        ),
+        "llm.testing.openai_wire",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _OPENAI:
+        import importlib
+
+        return getattr(importlib.import_module(_OPENAI[name]), name)
+    raise AttributeError(f"module 'llm.testing' has no attribute {name!r}")
+
 
 __all__ = [
     "Failure",

@@ -42,6 +42,7 @@ from llm.anthropic import tool_name_map
 from llm.testing.openai_wire import (
     OpenAIReply,
     OpenAIScript,
+    ToolCall,
     openai_error_body,
     openai_reply_from_response,
     openai_request_from_wire,
@@ -287,7 +288,7 @@ def completion_body(reply: OpenAIReply, *, rid: str, model: str, usage: Usage | 
     return body
 
 
-def _wire_call(call: Any, omit_ids: bool) -> dict[str, Any]:
+def _wire_call(call: ToolCall, omit_ids: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
     if call.id and not omit_ids:
         out["id"] = call.id
@@ -457,8 +458,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("connection", "close")
         self.end_headers()
         self.close_connection = True  # no content-length: the end of the body is the end of the connection
-        for data in chunks:
+        cut = reply.cut_after is not None
+        for data in chunks[: reply.cut_after] if cut else chunks:
             self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
             self.wfile.flush()
+        if cut:
+            return
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()

@@ -56,10 +56,12 @@ class ToolCall:
 class OpenAIReply:
     """A successful Chat Completions answer.
 
-    `finish_reason` None is sent as JSON null (a local server's habit). `output_tokens` overrides the
+    `finish_reason` None is sent as JSON null (a local server's habit; in a stream, `OpenAIModel` reads
+    a stream that never says why it finished as cut). `output_tokens` overrides the
     counted output; `delay` (seconds, from the request's arrival) is the model's response time.
     Quirks for this reply alone: `omit_usage` (no `usage` object, nor usage chunk when streamed),
-    `omit_ids` (tool calls without an `id`). `headers` are added to the response.
+    `omit_ids` (tool calls without an `id`). `headers` are added to the response. `cut_after` closes a
+    streamed reply's connection after that many chunks (no finish, no [DONE]).
     """
 
     content: str | None = None
@@ -71,6 +73,7 @@ class OpenAIReply:
     omit_usage: bool = False
     omit_ids: bool = False
     headers: Mapping[str, str] = field(default_factory=dict)
+    cut_after: int | None = None  # streamed: close the connection after this many chunks
 
 
 OpenAIScript = OpenAIReply | ModelResponse | Failure
@@ -291,6 +294,8 @@ def validate_chat_body(body: Mapping[str, Any]) -> tuple[str, str | None] | None
         return f"Invalid value for 'tool_choice': no function named {choice!r} was specified in 'tools'", "tool_choice"
     if isinstance(choice, str) and choice not in ("auto", "required", "none"):
         return f"Invalid value: {choice!r}. Supported values are: 'none', 'auto' and 'required'.", "tool_choice"
+    if body.get("stream_options") is not None and not body.get("stream"):
+        return "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options"
     if "parallel_tool_calls" in body and not tools:
         return (
             "Invalid value for 'parallel_tool_calls': only allowed when 'tools' are specified.",

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
@@ -36,11 +36,12 @@ from bus.client import Client
 from bus.connection import UNREACHABLE
 from bus.goal_index import BadCursor, GoalIndex
 from bus.ledger import LedgerNotFound, LedgerSnapshot
-from bus.schemas import GOAL_ID_PATTERN, Event, Goal, GoalState, TaskResult
+from bus.schemas import GOAL_ID_PATTERN, Event, GoalState, TaskResult
 from bus.store import AlreadyExists, IllegalTransition, NotFound
 from bus.tenants import TenantView
 from planner.dag import render_json, render_mermaid
 
+from .. import health
 from ..metrics import REGISTRY
 from . import models as m
 from .auth import SCOPES, Principal, TokenBook
@@ -49,6 +50,10 @@ log = structlog.get_logger("taskloom.api")
 
 STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 KEEPALIVE_S = 15.0
+# application/json, with parameters (charset) or not, and structured syntaxes such as application/merge-patch+json.
+JSON_MEDIA_TYPE = re.compile(r"^application/(?:[\w.-]+\+)?json$")
+# A stream cut by a shutdown asks its client to come back this soon (on another API process, or this one restarted).
+SHUTDOWN_RETRY_MS = 1000
 
 API_REQUESTS = Counter(
     "taskloom_api_requests",
@@ -88,6 +93,7 @@ _STATUS_TYPES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     409: "conflict",
     413: "payload_too_large",
     415: "unsupported_media_type",
@@ -147,15 +153,18 @@ class RequestMetrics:
 
 
 class BodyLimit:
-    """Refuse request bodies over `limit` bytes with 413, before the app reads any of it.
+    """Read the whole request body before the app sees it: refuse one over `limit` bytes with 413,
+    and one that has not fully arrived within `timeout` seconds with 408 (closing the connection).
 
     A declared Content-Length over the limit is refused at once; a chunked body is counted as it
-    arrives and refused once it passes the limit.
+    arrives and refused once it passes the limit. The timeout covers a client that declares more
+    than it sends, or trickles it: without it such a request holds its connection forever.
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, timeout: float) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -175,21 +184,18 @@ class BodyLimit:
                 await too_big(scope, receive, send)
                 return
         # Read the (small) body up to the limit, then replay it to the app.
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                await too_big(scope, receive, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        try:
+            async with asyncio.timeout(self.timeout):
+                body = await self._read(receive)
+        except TimeoutError:
+            late = f"the request body did not arrive within {self.timeout:g} s (TASKLOOM_API_BODY_TIMEOUT)"
+            await _error(408, "request_timeout", late, headers={"Connection": "close"})(scope, receive, send)
+            return
+        if body is None:  # the client left
+            return
+        if len(body) > self.limit:
+            await too_big(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -201,13 +207,32 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
+    async def _read(self, receive: Receive) -> bytes | None:
+        """The body, or its first bytes past the limit; None if the client disconnected."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            chunks.append(chunk)
+            if size > self.limit or not message.get("more_body", False):
+                return b"".join(chunks)
+
 
 @dataclass
 class ApiConfig:
     tokens: TokenBook = field(default_factory=lambda: TokenBook({}))
     insecure_local: bool = False  # every request acts as `local` with every scope (loopback only)
     max_body: int = 256 * 1024
+    body_timeout: float = 10.0  # seconds a request body may take to arrive (TASKLOOM_API_BODY_TIMEOUT)
+    ready_requires_workers: bool = False  # /readyz fails while a role has no live worker
     scan_limit: int = 2000  # index entries one filtered page of goals looks at
+    # The model aliases a goal may name (`model`), from the models file the workers read; None: not
+    # checked here (the workers refuse an alias they lack, failing the goal with the reason).
+    model_aliases: frozenset[str] | None = None
 
 
 _bearer = HTTPBearer(auto_error=False, description="an API token (`taskloom api-token`)")
@@ -272,6 +297,29 @@ Submitter = Annotated[Principal, Depends(need("submit"))]
 Approver = Annotated[Principal, Depends(need("approve"))]
 
 
+async def _json_only(request: Request) -> None:
+    """A request body must be JSON: curl's `-d` sends form encoding, which would otherwise be
+    reported as a wrong body shape. No Content-Type at all is read as JSON (as FastAPI does)."""
+    given = request.headers.get("content-type")
+    if given is None or not await request.body():
+        return
+    if not JSON_MEDIA_TYPE.match(given.split(";", 1)[0].strip().lower()):
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"Content-Type: the body must be JSON, sent with `Content-Type: application/json` (got {given!r})",
+            "Content-Type",
+        )
+
+
+JsonBody = Annotated[None, Depends(_json_only)]
+
+
+def drain(app: FastAPI) -> None:
+    """The server is stopping: every open event stream sends its `shutdown` frame and ends."""
+    app.state.draining.set()
+
+
 def create_app(
     client_factory: Callable[[], contextlib.AbstractAsyncContextManager[Client]], config: ApiConfig
 ) -> FastAPI:
@@ -299,8 +347,14 @@ def create_app(
             422: {"model": m.ErrorBody, "description": "invalid input; `field` names it"},
         },
     )
+    body_errors: dict[int | str, dict[str, Any]] = {
+        408: {"model": m.ErrorBody, "description": "the body did not arrive in time (the connection is closed)"},
+        413: {"model": m.ErrorBody, "description": "the body is over the limit"},
+        415: {"model": m.ErrorBody, "description": "the body is not sent as JSON; `field` is Content-Type"},
+    }
 
     app.state.api_config = config
+    app.state.draining = asyncio.Event()  # set by `drain`
 
     def client() -> Client:
         c: Client = state["client"]
@@ -357,11 +411,13 @@ def create_app(
         responses={
             200: {"model": m.Submitted, "description": "already submitted under this Idempotency-Key"},
             409: {"model": m.ErrorBody, "description": "the Idempotency-Key was used for another goal"},
+            **body_errors,
         },
     )
     async def submit(
-        goal: Goal,
+        goal: m.GoalIn,
         who: Submitter,
+        _: JsonBody,
         request: Request,
         response: Response,
         idempotency_key: Annotated[
@@ -375,15 +431,19 @@ def create_app(
     ) -> m.Submitted:
         """Submit a goal; it is planned and run by the workers."""
         c = client()
+        aliases = config.model_aliases
+        if goal.model is not None and aliases is not None and goal.model not in aliases:
+            known = ", ".join(sorted(aliases)) or "none (no models file)"
+            raise ApiError(422, "invalid_request", f"model: {goal.model!r} is no configured alias ({known})", "model")
         if idempotency_key is not None and not re.match(GOAL_ID_PATTERN, idempotency_key):
             raise ApiError(
                 422, "invalid_request", "Idempotency-Key: use 1 to 64 letters, digits, _ or -", "Idempotency-Key"
             )
-        existed = idempotency_key is not None and bool(await c.redis.exists(c.keys.goal(idempotency_key)))
         try:
             # A caller's W3C `traceparent` header: the goal joins the caller's trace (bus.tracing).
             with tracing.span("POST /v1/goals", kind=SpanKind.SERVER, parent=request.headers.get("traceparent")):
-                gid = await c.submit(goal, goal_id=idempotency_key)
+                # The store's atomic create decides `created`: of concurrent requests with one key, one wins.
+                gid, created = await c.submit_once(goal.to_goal(), goal_id=idempotency_key)
         except AlreadyExists:
             raise ApiError(
                 409,
@@ -391,10 +451,10 @@ def create_app(
                 f"Idempotency-Key {idempotency_key!r} was already used for a different goal",
                 "Idempotency-Key",
             ) from None
-        log.info("api.submitted", goal_id=gid, by=who.name, replay=existed)
-        if existed:
+        log.info("api.submitted", goal_id=gid, by=who.name, replay=not created)
+        if not created:
             response.status_code = 200
-        return m.Submitted(goal_id=gid, created=not existed)
+        return m.Submitted(goal_id=gid, created=created)
 
     @app.get("/v1/goals", response_model=m.GoalList, tags=["goals"])
     async def list_goals(
@@ -487,19 +547,28 @@ def create_app(
         "/v1/goals/{goal_id}/cancel",
         response_model=m.Cancelled,
         tags=["goals"],
-        responses={404: {"model": m.ErrorBody}, 409: {"model": m.ErrorBody, "description": "the goal already ended"}},
+        responses={
+            404: {"model": m.ErrorBody},
+            409: {"model": m.ErrorBody, "description": "the goal already ended (cancelled included)"},
+            **body_errors,
+        },
     )
-    async def cancel(goal_id: GoalIdPath, who: Submitter, body: m.CancelIn | None = None) -> m.Cancelled:
-        """Cancel a goal and its unfinished tasks."""
+    async def cancel(
+        goal_id: GoalIdPath, who: Submitter, _: JsonBody, body: m.CancelIn | None = None
+    ) -> m.Cancelled:
+        """Cancel a goal and its unfinished tasks; a goal that already ended, cancelled included, is a 409."""
         reason = (body or m.CancelIn()).reason
         try:
             changed = await client().cancel(_goal_id(goal_id), f"{reason} (by {who.name})")
         except IllegalTransition as exc:
-            raise ApiError(
-                409, "conflict", f"goal {goal_id} already ended ({exc.current}); nothing to cancel"
-            ) from None
-        log.info("api.cancelled", goal_id=goal_id, by=who.name, changed=changed)
-        return m.Cancelled(goal_id=goal_id, changed=changed)
+            changed, ended = False, exc.current
+        else:
+            ended = GoalState.CANCELLED.value
+        if not changed:
+            # One rule for every ended goal, cancelled included: whoever cancelled first got the 200.
+            raise ApiError(409, "conflict", f"goal {goal_id} already ended ({ended}); nothing to cancel")
+        log.info("api.cancelled", goal_id=goal_id, by=who.name)
+        return m.Cancelled(goal_id=goal_id, changed=True)
 
     # -- events -------------------------------------------------------------------------------
 
@@ -507,7 +576,8 @@ def create_app(
         200: {
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
             "description": "server-sent events: `id` is the stream position, `data` an Event as JSON; "
-            "an `end` event when the goal has ended",
+            "an `end` event when the goal has ended; a `shutdown` event (with `retry`) when the server "
+            "stops: reconnect with Last-Event-ID",
         }
     }
 
@@ -530,7 +600,7 @@ def create_app(
         c = client()
         await c.get(_goal_id(goal_id))
         start = _position(last_event_id, "Last-Event-ID") or _position(after, "after")
-        return _sse(_follow(c, goal_id, start))
+        return _sse(_follow(c, goal_id, start), app.state.draining)
 
     @app.get("/v1/events", response_class=StreamingResponse, tags=["events"], responses=sse_doc)
     async def all_events(
@@ -544,7 +614,7 @@ def create_app(
         if start == "$":
             tail = await client().redis.xrevrange(client().keys.global_events(), count=1)
             start = (tail[0][0].decode() if isinstance(tail[0][0], bytes) else str(tail[0][0])) if tail else "0-0"
-        return _sse(_follow(client(), None, start))
+        return _sse(_follow(client(), None, start), app.state.draining)
 
     # -- approvals ----------------------------------------------------------------------------
 
@@ -577,6 +647,7 @@ def create_app(
                         tool=p.tool,
                         arguments=p.arguments,
                         requested_at=datetime.fromtimestamp(p.requested_at, UTC),
+                        earlier=p.earlier,
                     )
                 )
         return m.ApprovalList(approvals=out)
@@ -596,6 +667,7 @@ def create_app(
     decision_responses: dict[int | str, dict[str, Any]] = {
         404: {"model": m.ErrorBody},
         409: {"model": m.ErrorBody, "description": "already decided"},
+        **body_errors,
     }
 
     @app.post(
@@ -608,6 +680,7 @@ def create_app(
         goal_id: GoalIdPath,
         call_id: Annotated[str, Path(max_length=200)],
         who: Approver,
+        _: JsonBody,
         body: m.DecisionIn | None = None,
     ) -> m.Decided:
         """Approve a tool call; its task resumes and runs it. Your token's name is recorded."""
@@ -623,6 +696,7 @@ def create_app(
         goal_id: GoalIdPath,
         call_id: Annotated[str, Path(max_length=200)],
         who: Approver,
+        _: JsonBody,
         body: m.DecisionIn | None = None,
     ) -> m.Decided:
         """Deny a tool call; the model is told, with the reason. Your token's name is recorded."""
@@ -642,14 +716,25 @@ def create_app(
 
     @app.get("/readyz", response_model=m.Health, tags=["operations"], responses={503: {"model": m.Health}})
     async def readyz() -> Response:
-        """Redis answers (readiness): 503 otherwise."""
+        """Redis answers (readiness), and with TASKLOOM_API_READY_REQUIRES_WORKERS every role has a live
+        worker: 503 otherwise."""
+        reasons: list[str] = []
         try:
             await asyncio.wait_for(client().redis.ping(), 2)
-        except Exception as exc:
-            return JSONResponse(
-                m.Health(ok=False, reasons=[f"cannot reach Redis: {exc!r}"]).model_dump(), status_code=503
-            )
+            if config.ready_requires_workers:
+                fleet = await asyncio.wait_for(_fleet(client()), 2)
+                reasons = [f"no live {r.role} worker" for r in fleet.roles if not r.live_workers]
+        except Exception as exc:  # a probe answers; it never raises
+            reasons = [f"cannot reach Redis: {exc!r}"]
+        if reasons:
+            return JSONResponse(m.Health(ok=False, reasons=reasons).model_dump(), status_code=503)
         return JSONResponse(m.Health(ok=True).model_dump())
+
+    @app.get("/v1/fleet", response_model=m.Fleet, tags=["operations"])
+    async def fleet(_: Reader) -> m.Fleet:
+        """Each role's live workers, queue depth and longest wait (what `taskloom health` reads);
+        `ok` is false while any role has no live worker."""
+        return await _fleet(client())
 
     @app.get(
         "/metrics",
@@ -670,7 +755,7 @@ def create_app(
         return FileResponse(str(static / "index.html"), headers=_PAGE_HEADERS)
 
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
-    app.add_middleware(BodyLimit, limit=config.max_body)  # before anything reads a body
+    app.add_middleware(BodyLimit, limit=config.max_body, timeout=config.body_timeout)  # before anything reads a body
     app.add_middleware(RequestMetrics)
     return app
 
@@ -691,6 +776,19 @@ def _position(value: str | None, name: str) -> str | None:
     if not STREAM_ID.match(value):
         raise ApiError(422, "invalid_request", f"{name}: expected a stream position such as 1700000000000-0", name)
     return value
+
+
+async def _fleet(c: Client) -> m.Fleet:
+    roles = [
+        m.FleetRole(
+            role=r.role,  # one of bus.keys.ROLES
+            live_workers=r.live_workers,
+            queue_depth=r.queue_depth,
+            oldest_queued_age_s=r.oldest_queued_age_s,
+        )
+        for r in await health.load(c.redis, c.keys)
+    ]
+    return m.Fleet(ok=all(r.live_workers for r in roles), roles=roles, checked_at=datetime.now(UTC))
 
 
 async def _summary(c: Client, goal_id: str) -> m.GoalSummary | None:
@@ -767,10 +865,10 @@ async def _attempts(c: Client, goal_id: str) -> m.AttemptsOut:
     return m.AttemptsOut(goal_id=goal_id, tasks=out)
 
 
-END, KEEPALIVE = "end", "keepalive"
+END, KEEPALIVE, SHUTDOWN = "end", "keepalive", "shutdown"
 
 
-async def _follow(c: Client, goal_id: str | None, after: str | None) -> AsyncIterator[Event | str]:
+async def _follow(c: Client, goal_id: str | None, after: str | None) -> AsyncGenerator[Event | str, None]:
     """Events after `after`, then `END` once the goal has ended (a goal's stream), with a
     `KEEPALIVE` now and then while nothing happens (so proxies and clients see a live stream)."""
     idle_since = time.monotonic()
@@ -793,12 +891,47 @@ async def _follow(c: Client, goal_id: str | None, after: str | None) -> AsyncIte
             yield KEEPALIVE
 
 
-def _sse(events: AsyncIterator[Event | str]) -> StreamingResponse:
+async def _until(
+    draining: asyncio.Event, events: AsyncGenerator[Event | str, None]
+) -> AsyncIterator[Event | str]:
+    """The items of `events` until `draining` is set, then `SHUTDOWN` at once: a read waiting on
+    Redis is cancelled, so that a stopping server is not held up by its open streams."""
+    stop = asyncio.create_task(draining.wait())
+    pending: asyncio.Task[Event | str | None] | None = None
+
+    async def next_item() -> Event | str | None:
+        return await anext(events, None)
+
+    try:
+        while True:
+            pending = asyncio.create_task(next_item())
+            await asyncio.wait({pending, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not pending.done():
+                yield SHUTDOWN
+                return
+            item = pending.result()
+            if item is None:
+                return
+            yield item
+    finally:
+        for task in (stop, pending):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        with contextlib.suppress(RuntimeError):  # an async generator cancelled mid-read is already closed
+            await events.aclose()
+
+
+def _sse(events: AsyncGenerator[Event | str, None], draining: asyncio.Event) -> StreamingResponse:
     async def frames() -> AsyncIterator[str]:
         yield "retry: 2000\n\n"
-        async for e in events:
+        async for e in _until(draining, events):
             if e == END:
                 yield "event: end\ndata: {}\n\n"
+                return
+            if e == SHUTDOWN:
+                yield f'retry: {SHUTDOWN_RETRY_MS}\nevent: shutdown\ndata: {{"reconnect": true}}\n\n'
                 return
             if e == KEEPALIVE:
                 yield ": keepalive\n\n"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from bus.schemas import GoalRecord, GoalState, StoredPlan, TaskRecord
+from bus.approvals import EarlierCall
+from bus.schemas import Goal, GoalRecord, GoalState, StoredPlan, TaskRecord
 from bus.stops import TaskStop
 from llm.types import Usage
 
@@ -19,7 +21,34 @@ class _Out(BaseModel):
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict at the HTTP boundary: JSON `true` is not a number and `"5000"` is not an integer.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+_NUMBER = re.compile(r"^\s*[+-]?\d+(\.\d*)?\s*$")
+
+
+def _date_time_text(v: object) -> object:
+    # Lax pydantic reads a number, or a string of digits, as Unix time: JSON callers must write ISO 8601.
+    if v is not None and (not isinstance(v, str) or _NUMBER.match(v)):
+        raise ValueError("expected an ISO 8601 date-time string with a time zone, such as 2026-10-13T12:00:00Z")
+    return v
+
+
+class GoalIn(Goal):
+    """A goal as `POST /v1/goals` takes it: every field of `bus.schemas.Goal` (new ones too), strictly
+    typed: no boolean or numeric string for a number, no number for a string."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    # Strict mode reads a date-time only from a Python datetime, never from JSON text: this one field
+    # is lax, and takes ISO 8601 text only.
+    deadline: Annotated[datetime | None, BeforeValidator(_date_time_text)] = Field(
+        default=None, strict=False, description=Goal.model_fields["deadline"].description
+    )
+
+    def to_goal(self) -> Goal:
+        return Goal.model_validate(dict(self))
 
 
 class ErrorDetail(_Out):
@@ -134,7 +163,9 @@ class CancelIn(_In):
 
 class Cancelled(_Out):
     goal_id: str
-    changed: bool = Field(description="false if the goal was already cancelled")
+    changed: bool = Field(
+        description="always true: this request cancelled the goal (an ended goal, cancelled included, is a 409)"
+    )
 
 
 class ApprovalOut(_Out):
@@ -149,6 +180,10 @@ class ApprovalOut(_Out):
     tool: str
     arguments: dict[str, Any]
     requested_at: datetime
+    earlier: list[EarlierCall] = Field(
+        default_factory=list,
+        description="the task's earlier calls of this tool, every attempt so far, and how each ended",
+    )
 
 
 class ApprovalList(_Out):
@@ -176,3 +211,20 @@ class Me(_Out):
 class Health(_Out):
     ok: bool
     reasons: list[str] = Field(default_factory=list)
+
+
+class FleetRole(_Out):
+    role: Literal["planner", "executor", "critic"]
+    live_workers: int = Field(description="worker processes of the role with a fresh heartbeat")
+    queue_depth: int = Field(description="jobs in the role's queue: waiting, deferred (a retry's backoff) or running")
+    oldest_queued_age_s: float | None = Field(
+        description="seconds the longest-waiting due job has waited for a worker; null: no job waits"
+    )
+
+
+class Fleet(_Out):
+    """The workers as Redis sees them (what `taskloom health` reads)."""
+
+    ok: bool = Field(description="false when any role has no live worker")
+    roles: list[FleetRole]
+    checked_at: datetime = Field(description="when this was read (UTC)")

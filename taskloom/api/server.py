@@ -7,9 +7,13 @@ import contextlib
 import ipaddress
 import signal
 import socket
+import sys
 from collections.abc import AsyncIterator, Iterator
 
+import h11
 import uvicorn
+from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from bus.client import Client
 from bus.connection import connect
@@ -18,16 +22,61 @@ from bus.consoles import deregister, register_forever
 from ..metrics import refresh_queue_depth_forever
 from ..settings import Settings
 from ..workers import keys_for
-from .app import ApiConfig, create_app
+from . import models as m
+from .app import ApiConfig, create_app, drain
+
+# Seconds a stop waits for requests in flight; event streams end at once (see `ApiServer.shutdown`).
+GRACEFUL_S = 5
 
 
-class _Server(uvicorn.Server):
-    """uvicorn re-raises SIGTERM/SIGINT after a graceful stop (the process then dies of the signal);
-    we handle them ourselves, so that a clean stop exits 0 like `taskloom worker` does."""
+class JsonErrorsH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, except that a request it cannot parse (`Content-Length: abc`, a
+    malformed request or header line) is answered in the API's JSON error shape, not in
+    plain text. It is called while uvicorn handles h11's error, whose message names the problem."""
+
+    def send_400_response(self, msg: str) -> None:
+        exc = sys.exc_info()[1]
+        problem = str(exc) if isinstance(exc, h11.RemoteProtocolError) and str(exc) else msg
+        field = "Content-Length" if "content-length" in problem.lower() else None
+        detail = m.ErrorDetail(type="invalid_request", message=f"malformed HTTP request: {problem}", field=field)
+        body = m.ErrorBody(error=detail).model_dump_json().encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body)):
+            self.transport.write(self.conn.send(event) or b"")
+        self.transport.write(self.conn.send(h11.EndOfMessage()) or b"")
+        self.transport.close()
+
+
+class ApiServer(uvicorn.Server):
+    """uvicorn, set up as `taskloom api` runs it. Its stop first ends every open event stream with a
+    `shutdown` frame (uvicorn would otherwise wait for them, then cancel them with an error), and
+    uvicorn's re-raise of SIGTERM/SIGINT after a graceful stop (the process would die of the signal)
+    is left out: `serve` handles them, so that a clean stop exits 0 like `taskloom worker` does."""
+
+    def __init__(self, app: FastAPI) -> None:
+        super().__init__(
+            uvicorn.Config(
+                app,
+                http=JsonErrorsH11,
+                log_config=None,
+                access_log=False,
+                lifespan="on",
+                timeout_graceful_shutdown=GRACEFUL_S,
+            )
+        )
+        self.app = app
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        drain(self.app)
+        await super().shutdown(sockets)
 
 
 class ApiStartError(Exception):
@@ -79,10 +128,7 @@ async def serve(settings: Settings, sock: socket.socket, config: ApiConfig, url:
         async def shared() -> AsyncIterator[Client]:
             yield client
 
-        app = create_app(shared, config)
-        server = _Server(
-            uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5)
-        )
+        server = ApiServer(create_app(shared, config))
         background = [
             asyncio.create_task(register_forever(redis, keys, url, settings.heartbeat_ttl)),
             asyncio.create_task(refresh_queue_depth_forever(redis, keys, settings.metrics_interval)),

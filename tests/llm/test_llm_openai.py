@@ -4,7 +4,10 @@ against the fake Chat Completions server (strict response validation on unless a
 from __future__ import annotations
 
 import json
+import pickle
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -47,6 +50,7 @@ from llm.openai import (
     tool_name_map,
     usage_from_wire,
 )
+from llm.pairing import check_tool_pairing
 from llm.testing import (
     Failure,
     FakeOpenAIServer,
@@ -218,6 +222,7 @@ def test_prompt_cache_key_is_opt_in_and_a_hash_of_the_goal() -> None:
         (None, False, 5, "stop"),
         ("eos_token", False, 5, "stop"),
         ("stop", True, 5, "stop"),
+        ("length", True, 7, "length"),
     ],
 )
 def test_finish_reason_table(finish: str | None, has_calls: bool, output: int, expected: str) -> None:
@@ -285,6 +290,35 @@ def test_missing_tool_call_ids_get_stable_ids() -> None:
     assert ids[0] == synthetic_call_id(0, "refund_policy", "{}") and ids[0].startswith("call_")
     assert len(set(ids)) == 3 and ids[2] == "call_real"
     assert first.tool_uses[2].name == "svc.order.lookup"
+
+
+def test_refusal_is_a_content_filter_stop() -> None:
+    """A message carrying OpenAI's `refusal` (and no content) -> content_filter with the refusal as its text."""
+    body = _completion({"role": "assistant", "content": None, "refusal": "I can't help with that."})
+    response = to_response(body, tool_name_map(_request()), "m")
+    assert response.stop_reason == "content_filter" and response.text == "I can't help with that."
+
+
+def test_reused_tool_call_ids_are_replaced() -> None:
+    """An id the history already holds, or repeated within the reply, is replaced by a synthetic one."""
+    history = _request(
+        Message.user("hi"),
+        Message(role="assistant", content=[ToolUseBlock(id="call_0", name="refund_policy")]),
+        Message(role="user", content=[ToolResultBlock(tool_use_id="call_0", content="{}")]),
+    )
+    calls = [
+        {"id": "call_0", "type": "function", "function": {"name": "refund_policy", "arguments": "{}"}},
+        {"id": "call_1", "type": "function", "function": {"name": "refund_policy", "arguments": "{}"}},
+        {"id": "call_1", "type": "function", "function": {"name": "svc_order_lookup", "arguments": "{}"}},
+    ]
+    body = _completion({"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls")
+    ids = [u.id for u in to_response(body, tool_name_map(history), "m", request=history).tool_uses]
+    assert ids[0] == synthetic_call_id(0, "refund_policy", "{}", turn=3) and ids[1] == "call_1"
+    assert ids[2].startswith("call_") and len(set(ids)) == 3
+    check_tool_pairing(
+        [*history.messages, Message(role="assistant", content=[ToolUseBlock(id=i, name="x") for i in ids])],
+        allow_pending=True,
+    )
 
 
 def test_reply_without_usage_is_flagged() -> None:
@@ -665,6 +699,16 @@ async def test_reply_without_choices_is_retryable_and_spent(server: FakeOpenAISe
     assert caught.value.maybe_spent
 
 
+async def test_cut_stream_is_a_timeout_and_spent(server: FakeOpenAIServer) -> None:
+    """A stream whose connection closes before any finish_reason is a cut reply: ModelTimeoutError, spent."""
+    server.enqueue(openai_tool_reply([("svc_order_lookup", {"order_id": "A100"})], text="Checking.", cut_after=3))
+    model = _model(server, stream=True, max_retries=0)
+    with pytest.raises(ModelTimeoutError, match="without a finish_reason") as caught:
+        await model.complete(_request())
+    await model.aclose()
+    assert caught.value.maybe_spent and caught.value.request_id == server.requests[0].request_id
+
+
 # -- local-server quirks ----------------------------------------------------------------------------
 
 
@@ -777,7 +821,6 @@ FORM = FormSpec(
 
 async def test_forced_form_recovers_when_the_server_ignores_tool_choice() -> None:
     """A server ignoring the forced tool answers text; the forced-form correction turn gets the call on retry."""
-    demo = DemoModel(latency=0)
     with FakeOpenAIServer(ignore_tool_choice=True) as server:
         server.enqueue(
             openai_text_reply("I think it passed."), openai_tool_reply([("submit_verdict", {"passed": True})])
@@ -793,7 +836,6 @@ async def test_forced_form_recovers_when_the_server_ignores_tool_choice() -> Non
     assert second.messages[-2] == {"role": "assistant", "content": "I think it passed."}
     assert second.messages[-1]["role"] == "user" and "call submit.verdict" in second.messages[-1]["content"]
     assert second.tool_choice_ignored and second.request.tool_choice is None
-    assert demo.name == "demo"
 
 
 # -- configuration ---------------------------------------------------------------------------------
@@ -805,6 +847,19 @@ def test_missing_key_names_the_variable() -> None:
         OpenAIModel("gpt-test")
     with pytest.raises(ModelConfigError, match="AZURE_OPENAI_API_KEY"):
         OpenAIModel("gpt-test", api_key_env="AZURE_OPENAI_API_KEY")
+
+
+def test_azure_without_api_version_is_a_config_error() -> None:
+    """Azure needs an api_version (or OPENAI_API_VERSION): without one, ModelConfigError, not an SDK error."""
+    with pytest.raises(ModelConfigError, match="api_version"):
+        OpenAIModel("dep", api_key=TEST_KEY, azure_endpoint="http://127.0.0.1:1")
+
+
+def test_context_length_error_pickles_with_its_fields() -> None:
+    """ContextLengthError crosses arq: it pickles back to its class with status and request id."""
+    error = pickle.loads(pickle.dumps(ContextLengthError("too long", status=400, request_id="req_1")))
+    assert type(error) is ContextLengthError and isinstance(error, TerminalModelError)
+    assert (error.status, error.request_id, error.retryable) == (400, "req_1", False)
 
 
 def test_bad_max_tokens_param_is_refused() -> None:
@@ -925,3 +980,34 @@ async def test_raw_sdk_strict_validation_accepts_streamed_and_whole_replies(serv
     await client.close()
     assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
     assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == "streamed"
+
+
+def test_module_entrypoint_serves_the_openai_dialect() -> None:
+    """`python -m llm.testing --dialect openai --port 0` serves Chat Completions answering with the demo rules."""
+    command = [sys.executable, "-m", "llm.testing", "--dialect", "openai", "--port", "0"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        base_url = proc.stdout.readline().split(" on ", 1)[1].split(" ", 1)[0]
+        client = openai.OpenAI(api_key=TEST_KEY, base_url=base_url, _strict_response_validation=True)
+        completion = client.chat.completions.create(
+            model="gpt-test",
+            messages=[{"role": "user", "content": "Can order A100 be refunded?"}],
+            tools=[
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "lookup_order",
+                        "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+                    },
+                }
+            ],
+        )
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert base_url.endswith("/v1")
+    (call,) = completion.choices[0].message.tool_calls or []
+    assert call.type == "function" and call.function.name == "lookup_order"
+    assert json.loads(call.function.arguments) == {"order_id": "A100"}

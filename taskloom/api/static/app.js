@@ -5,8 +5,12 @@
 
 (function () {
   const TOKEN_KEY = "taskloom.token";
+  const POLL_MS = 10000; // the fleet's health and the pending calls, besides what the event stream says
+  const FLASH_MS = 10000; // how long a confirmation stays unless dismissed
+  const TERMINAL = ["succeeded", "failed", "cancelled", "budget_exhausted"];
+  const ROLES = ["planner", "executor", "critic"];
   let me = null; // {name, scopes}
-  let routeCleanup = []; // closers of the current view's EventSources and timers
+  let routeCleanup = []; // closers of the current view's EventSources, listeners and timers
 
   // -- DOM helpers ------------------------------------------------------------------------------
 
@@ -17,7 +21,9 @@
       : document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
       if (v === null || v === undefined || v === false) continue;
-      if (k === "dataset") Object.assign(el.dataset, v);
+      if (k === "dataset") {
+        for (const [dk, dv] of Object.entries(v)) if (dv !== null && dv !== undefined) el.dataset[dk] = dv;
+      }
       else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
       else el.setAttribute(k, v === true ? "" : String(v));
     }
@@ -35,9 +41,16 @@
   const view = () => $("#view");
   const can = (scope) => !!me && (me.scopes.includes(scope) || me.scopes.includes("admin"));
   const fmt = (n) => Number(n || 0).toLocaleString("en-US");
+  const shortId = (id) => id.slice(0, 12);
+  const clip = (s, n) => (s.length > n ? `${s.slice(0, n - 1)}…` : s);
+  const callKey = (a) => `${a.goal_id}/${a.call_id}`;
+  const goalHref = (id) => `#/goals/${encodeURIComponent(id)}`;
 
   function age(iso) {
     const s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+    return ageOf(s);
+  }
+  function ageOf(s) {
     if (s < 60) return `${Math.floor(s)}s`;
     if (s < 3600) return `${Math.floor(s / 60)}m ${Math.floor(s % 60)}s`;
     if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
@@ -45,6 +58,11 @@
   }
   function stateBadge(state, extra) {
     return h("span", { class: `state ${state}`, dataset: extra || {} }, state.replace("_", " "));
+  }
+  // A running goal one of whose tool calls waits for a person: what matters is that it waits.
+  function waitingBadge(n, extra) {
+    return h("span", { class: "state waiting_approval", title: `${n} tool call${n > 1 ? "s" : ""} wait for a decision`,
+      dataset: extra || {} }, "waiting for approval");
   }
   function bar(fraction, cls) {
     const inner = h("span");
@@ -91,34 +109,180 @@
     return body;
   }
 
+  function showError(where, err) {
+    put(where, h("p", { class: "error", role: "alert" }, err.message || String(err)));
+  }
+
+  // A confirmation that stays until dismissed or FLASH_MS have passed, whatever the view redraws.
+  function flash(text, kind) {
+    const item = h("div", { class: `flash ${kind || ""}`, role: "status" }, h("span", {}, text),
+      h("button", { class: "dismiss", type: "button", "aria-label": "dismiss", onclick: () => item.remove() }, "×"));
+    $("#flash").append(item);
+    setTimeout(() => item.remove(), FLASH_MS);
+  }
+
+  // -- live updates -----------------------------------------------------------------------------
+
+  // The header's indicator speaks for one stream: the goal's on a goal page, else every goal's.
+  const streamStatus = new WeakMap();
+  let liveOwner = null;
+
+  function paintLive() {
+    const [text, on] = (liveOwner && streamStatus.get(liveOwner)) || ["offline", false];
+    const live = $("#live");
+    live.textContent = text;
+    live.classList.toggle("on", on);
+  }
+  function setStatus(es, text, on) {
+    streamStatus.set(es, [text, on]);
+    if (es === liveOwner) paintLive();
+  }
+
   // An EventSource on `path` (the token goes as a parameter: EventSource cannot send headers).
-  // It reconnects by itself, sending Last-Event-ID, so nothing is missed across a drop.
-  function stream(path, onEvent, onEnd) {
+  // It reconnects by itself, sending Last-Event-ID, so nothing is missed across a drop; when the
+  // browser gives up (a 4xx answer), it says so instead of "reconnecting".
+  function openStream(path, onEvent, onEnd, onOpen) {
     const sep = path.includes("?") ? "&" : "?";
     const url = token() ? `${path}${sep}access_token=${encodeURIComponent(token())}` : path;
     const es = new EventSource(url);
-    const live = $("#live");
+    setStatus(es, "connecting", false);
     es.onopen = () => {
-      live.textContent = "live";
-      live.classList.add("on");
+      setStatus(es, "live", true);
+      if (onOpen) onOpen();
     };
-    es.onerror = () => {
-      live.textContent = "reconnecting";
-      live.classList.remove("on");
-    };
-    es.onmessage = (m) => onEvent(JSON.parse(m.data));
+    es.onerror = () => setStatus(es, es.readyState === EventSource.CLOSED ? "disconnected" : "reconnecting", false);
+    es.onmessage = (m) => onEvent(JSON.parse(m.data), m.lastEventId);
     es.addEventListener("end", () => {
       es.close();
-      live.textContent = "ended";
-      live.classList.remove("on");
+      setStatus(es, "ended", false);
       if (onEnd) onEnd();
     });
+    return es;
+  }
+
+  // A stream of the current view: closed when the view goes; the indicator follows it meanwhile.
+  function viewStream(path, onEvent, onEnd) {
+    const es = openStream(path, onEvent, onEnd);
+    liveOwner = es;
+    paintLive();
     routeCleanup.push(() => es.close());
     return es;
   }
 
-  function showError(where, err) {
-    put(where, h("p", { class: "error", role: "alert" }, err.message || String(err)));
+  // One stream of every goal's events per tab, for as long as someone is signed in: the views,
+  // the Approvals badge and the goals table all listen to it.
+  const hub = { es: null, listeners: new Set() };
+
+  function startHub() {
+    if (hub.es && hub.es.readyState !== EventSource.CLOSED) return;
+    const old = hub.es;
+    const tell = (e) => hub.listeners.forEach((fn) => fn(e));
+    // `$` means "from when the stream opens": what happened before (while a view read its data,
+    // or while the stream was closed) is not in it, so every (re)opening lets everyone re-read.
+    // It never ends by itself: an `end` (a server shutting down) means reconnect.
+    hub.es = openStream("/v1/events?after=$", tell, () => setTimeout(() => { if (me) startHub(); }, 1000),
+      () => tell({ type: "console.connected" }));
+    if (!liveOwner || liveOwner === old) liveOwner = hub.es;
+    paintLive();
+  }
+  function stopHub() {
+    if (hub.es) hub.es.close();
+    hub.es = null;
+    liveOwner = null;
+    paintLive();
+  }
+  function onAnyEvent(fn) {
+    hub.listeners.add(fn);
+    routeCleanup.push(() => hub.listeners.delete(fn));
+  }
+
+  // -- pending approvals: one list for the badge, the goals table and the inbox -----------------
+
+  const pending = { items: [], byGoal: new Map(), listeners: new Set(), seen: "", asked: 0 };
+
+  // Re-reads the pending calls; tells the listeners only when the set changed. Returns the error, if any.
+  async function refreshPending() {
+    if (!can("read")) return null;
+    const asked = ++pending.asked;
+    let items;
+    try {
+      items = (await api("/v1/approvals?limit=500")).approvals;
+    } catch (e) {
+      return e; // the next event or poll tries again
+    }
+    if (asked !== pending.asked) return null; // a later read is under way: its answer is newer
+    const badge = $("#approval-count");
+    badge.hidden = !items.length;
+    badge.textContent = items.length >= 500 ? "500+" : String(items.length);
+    const seen = items.map(callKey).join(" ");
+    if (seen === pending.seen) return null;
+    pending.items = items;
+    pending.seen = seen;
+    pending.byGoal = new Map();
+    for (const a of items) pending.byGoal.set(a.goal_id, (pending.byGoal.get(a.goal_id) || 0) + 1);
+    pending.listeners.forEach((fn) => fn());
+    return null;
+  }
+  const refreshPendingSoon = debounce(refreshPending, 200);
+  function onPending(fn) {
+    pending.listeners.add(fn);
+    routeCleanup.push(() => pending.listeners.delete(fn));
+  }
+  const touchesApprovals = (e) => e.type.startsWith("tool.approval") || e.type === "goal.state"
+    || e.type === "console.connected";
+  hub.listeners.add((e) => { if (touchesApprovals(e)) refreshPendingSoon(); });
+
+  // -- the fleet: a banner when a role has no live worker ---------------------------------------
+
+  // "planner", "planner or executor", "planner, executor or critic"
+  function either(names) {
+    return names.length > 1 ? `${names.slice(0, -1).join(", ")} or ${names[names.length - 1]}` : names[0];
+  }
+
+  async function refreshFleet() {
+    const banner = $("#fleet-banner");
+    let fleet;
+    try {
+      fleet = await api("/v1/fleet");
+    } catch (_) {
+      banner.hidden = true; // 404 (an API without the endpoint) or unreachable: unknown, say nothing
+      return;
+    }
+    const idle = (fleet.roles || []).filter((r) => r.live_workers === 0)
+      .sort((a, b) => ROLES.indexOf(a.role) - ROLES.indexOf(b.role));
+    if (fleet.ok || !idle.length) {
+      banner.hidden = true;
+      return;
+    }
+    const queued = idle.filter((r) => r.queue_depth > 0).map((r) => `${fmt(r.queue_depth)} ${r.role} job`
+      + `${r.queue_depth > 1 ? "s" : ""} queued${r.oldest_queued_age_s !== null ? `, oldest ${ageOf(r.oldest_queued_age_s)}` : ""}`);
+    put(banner,
+      h("b", {}, `No ${either(idle.map((r) => r.role))} worker is running: goals will not move.`),
+      queued.length ? h("span", {}, ` ${queued.join("; ")}.`) : null,
+      h("span", { class: "hint" }, " Start one with `taskloom worker <role>`."));
+    banner.dataset.roles = idle.map((r) => r.role).join(" ");
+    banner.hidden = false;
+  }
+
+  let pollTimer = null;
+  function startPolling() {
+    stopPolling();
+    const tick = () => {
+      refreshFleet();
+      refreshPending();
+      startHub(); // reopens it if the browser gave up on it
+    };
+    tick();
+    pollTimer = setInterval(tick, POLL_MS);
+  }
+  function stopPolling() {
+    clearInterval(pollTimer);
+    pollTimer = null;
+    pending.items = [];
+    pending.byGoal = new Map();
+    pending.seen = "";
+    $("#fleet-banner").hidden = true;
+    $("#approval-count").hidden = true;
   }
 
   // -- sign-in ----------------------------------------------------------------------------------
@@ -132,6 +296,7 @@
     }
     $("#whoami").textContent = me ? `${me.name} · ${me.scopes.join(", ")}` : "";
     $("#signout").hidden = !me || !token();
+    if (me && can("read")) startPolling();
     return me;
   }
 
@@ -158,6 +323,10 @@
 
   // -- goals table ------------------------------------------------------------------------------
 
+  const PAGE = 50;
+  const MAX_PAGE = 200; // the API's largest page
+  const TOP_UP = 10; // rows per extra request when goals arrived above those shown
+
   async function renderGoals() {
     const filter = h(
       "select",
@@ -175,57 +344,97 @@
       h("div", { class: "toolbar" }, h("h1", {}, "Goals"), h("span", { class: "muted" }, "newest first"), filter,
         can("submit") ? h("a", { href: "#/submit" }, "+ submit a goal") : null),
       msg,
-      h("table", { id: "goals" },
+      h("div", { class: "table-wrap" }, h("table", { id: "goals" },
         h("thead", {}, h("tr", {}, ["goal", "state", "progress", "tokens", "age", "id"].map((c) => h("th", {}, c)))),
-        body),
+        body)),
       h("p", {}, more)
     );
     put(view(), panel);
     let rows = [];
     let cursor = null;
+    let loadedMore = false; // then a refresh keeps every row shown, else it shows the newest page
 
     function row(g) {
       const frac = g.tasks_total ? g.tasks_done / g.tasks_total : 0;
       const used = g.budget_tokens ? (g.spent_tokens + g.reserved_tokens) / g.budget_tokens : 0;
+      const waiting = TERMINAL.includes(g.state) ? 0 : pending.byGoal.get(g.id) || 0;
       const tr = h(
         "tr",
-        { class: "goal-row", dataset: { goal: g.id, state: g.state } },
-        h("td", { class: "text", title: g.text }, h("a", { href: `#/goals/${encodeURIComponent(g.id)}` }, g.text)),
-        h("td", {}, stateBadge(g.state)),
-        h("td", {}, h("div", { class: "cell-bar" }, bar(frac), `${g.tasks_done}/${g.tasks_total}`)),
-        h("td", {}, h("div", { class: "cell-bar" }, bar(used, used > 0.8 ? "tokens high" : "tokens"),
+        { class: "goal-row", dataset: { goal: g.id, state: g.state, waiting: waiting ? String(waiting) : null } },
+        h("td", { class: "text", title: g.text }, h("a", { href: goalHref(g.id) }, g.text)),
+        h("td", { class: "state-cell" }, waiting ? waitingBadge(waiting) : stateBadge(g.state)),
+        h("td", { class: "progress" }, h("div", { class: "cell-bar" }, bar(frac), `${g.tasks_done}/${g.tasks_total}`)),
+        h("td", { class: "tokens" }, h("div", { class: "cell-bar" }, bar(used, used > 0.8 ? "tokens high" : "tokens"),
           `${fmt(g.spent_tokens)} / ${fmt(g.budget_tokens)}`)),
         h("td", { class: "age", dataset: { since: g.created_at } }, age(g.created_at)),
-        h("td", { class: "mono muted" }, g.id.slice(0, 12))
+        h("td", { class: "id mono muted" }, shortId(g.id))
       );
       tr.addEventListener("click", (ev) => {
-        if (ev.target.tagName !== "A") location.hash = `#/goals/${encodeURIComponent(g.id)}`;
+        if (ev.target.tagName !== "A") location.hash = goalHref(g.id);
       });
       return tr;
     }
 
-    async function load(reset) {
-      const params = new URLSearchParams({ limit: "50" });
-      if (filter.value) params.set("state", filter.value);
-      if (!reset && cursor) params.set("cursor", cursor);
-      try {
-        const page = await api(`/v1/goals?${params}`);
-        rows = reset ? page.goals : rows.concat(page.goals);
-        cursor = page.next_cursor;
-        put(body, ...rows.map(row));
-        if (!rows.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No goals yet.")));
-        more.hidden = !cursor;
-        put(msg);
-      } catch (e) {
-        showError(msg, e);
-      }
+    function draw() {
+      put(body, ...rows.map(row));
+      if (!rows.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No goals yet.")));
+      more.hidden = !cursor;
     }
-    filter.addEventListener("change", () => load(true));
-    more.addEventListener("click", () => load(false));
-    await load(true);
-    // Live: any goal's event refreshes the loaded rows (debounced); ages tick every second.
-    const refresh = debounce(() => load(true), 250);
-    stream("/v1/events?after=$", refresh);
+
+    // The newest `n` goals, or, given `last` (the oldest row shown after "Load more"), the newest
+    // goals down to it: goals that arrived since make the list longer, never shorter. Gives up
+    // on `last` a page past `n` (it may have left a filtered list).
+    async function fetchNewest(n, last) {
+      const out = [];
+      let next = null;
+      do {
+        const want = out.length ? TOP_UP : Math.min(MAX_PAGE, n);
+        const params = new URLSearchParams({ limit: String(want) });
+        if (filter.value) params.set("state", filter.value);
+        if (next) params.set("cursor", next);
+        const page = await api(`/v1/goals?${params}`);
+        out.push(...page.goals);
+        next = page.next_cursor;
+      } while (next && (last ? !out.some((g) => g.id === last) && out.length < n + PAGE : out.length < n));
+      return { goals: out, next };
+    }
+
+    // `more`: the next page after those shown; otherwise re-read as many rows as are shown, so a
+    // live update keeps what "Load more" loaded.
+    let busy = Promise.resolve();
+    function load(how) {
+      busy = busy.then(async () => {
+        try {
+          if (how === "more" && cursor) {
+            const params = new URLSearchParams({ limit: String(PAGE), cursor });
+            if (filter.value) params.set("state", filter.value);
+            const page = await api(`/v1/goals?${params}`);
+            rows = rows.concat(page.goals);
+            cursor = page.next_cursor;
+            loadedMore = true;
+          } else {
+            if (how === "reset") loadedMore = false;
+            const got = loadedMore && rows.length ? await fetchNewest(rows.length, rows[rows.length - 1].id) : await fetchNewest(PAGE);
+            rows = got.goals;
+            cursor = got.next;
+          }
+          draw();
+          put(msg);
+        } catch (e) {
+          showError(msg, e);
+        }
+      });
+      return busy;
+    }
+    filter.addEventListener("change", () => load("reset"));
+    more.addEventListener("click", () => load("more"));
+    // Live: any goal's event re-reads the shown rows (debounced); the badges follow the pending
+    // calls; ages tick every second. Listening starts before the first read, so nothing that
+    // happens during it is missed.
+    const refresh = debounce(() => load("refresh"), 250);
+    onAnyEvent(refresh);
+    onPending(draw);
+    await load("reset");
     const ticker = setInterval(() => {
       for (const td of document.querySelectorAll("td.age")) td.textContent = age(td.dataset.since);
     }, 1000);
@@ -266,7 +475,6 @@
     const defs = h("svg:defs", {}, h("svg:marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5,
       markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, h("svg:path", { d: "M0,0 L10,5 L0,10 z", fill: "#9aa3b8" })));
     svg.prepend(defs);
-    const clip = (s, n) => (s.length > n ? `${s.slice(0, n - 1)}…` : s);
     for (const t of plan.tasks) {
       const p = pos.get(t.id);
       svg.append(h("svg:g", { class: `node ${t.state}`, transform: `translate(${p.x},${p.y})`,
@@ -279,10 +487,78 @@
     return svg;
   }
 
+  // -- a tool call waiting for a person (the inbox and the goal page) ---------------------------
+
+  async function decide(a, approved, reason, card) {
+    const verb = approved ? "approve" : "deny";
+    for (const b of card.querySelectorAll("button, input")) b.disabled = true;
+    try {
+      await api(`/v1/approvals/${encodeURIComponent(a.goal_id)}/${encodeURIComponent(a.call_id)}/${verb}`,
+        { method: "POST", json: { reason } });
+      flash(`${approved ? "Approved" : "Denied"}: ${a.tool} for goal “${clip(a.goal_text, 60)}” (${shortId(a.goal_id)})`,
+        approved ? "ok" : "bad");
+    } catch (e) {
+      for (const b of card.querySelectorAll("button, input")) b.disabled = false;
+      card.append(h("p", { class: "error", role: "alert" }, e.message));
+    }
+    refreshPending();
+  }
+
+  // One call: the tool, its arguments, who asked; Approve and Deny for a token that may decide.
+  function approvalCard(a, { showGoal }) {
+    const reason = h("input", { type: "text", placeholder: "reason (optional)", "aria-label": "reason",
+      maxlength: 2000 });
+    const card = h("div", { class: "approval", dataset: { call: a.call_id, goal: a.goal_id } });
+    card.append(
+      h("div", { class: "call" },
+        h("div", {}, h("b", { class: "tool" }, a.tool), h("span", { class: "muted" }, ` · requested ${age(a.requested_at)} ago`)),
+        h("dl", { class: "kv" },
+          showGoal ? [h("dt", {}, "goal"), h("dd", {},
+            h("a", { href: goalHref(a.goal_id) }, a.goal_text), " ",
+            h("span", { class: "mono muted goal-id", title: a.goal_id }, shortId(a.goal_id)))] : null,
+          h("dt", {}, "asked by"), h("dd", {}, `task ${a.task_id}${a.task_title ? `: ${a.task_title}` : ""} (attempt ${a.attempt})`),
+          h("dt", {}, "call"), h("dd", { class: "mono" }, a.call_id),
+          h("dt", {}, "arguments"), h("dd", {}, h("pre", { class: "args" }, JSON.stringify(a.arguments, null, 2))),
+          // What already happened: the task's earlier calls of this tool (a retry may repeat a done one).
+          (a.earlier || []).length ? [h("dt", {}, "earlier calls"), h("dd", { class: "earlier" },
+            h("ul", {}, a.earlier.map((x) => h("li", {},
+              h("b", {}, x.outcome), ` · attempt ${x.attempt} · `,
+              h("span", { class: "mono" }, JSON.stringify(x.input)),
+              x.result ? h("div", { class: "muted" }, x.result) : null))))] : null)),
+      can("approve")
+        ? h("div", { class: "actions" }, reason,
+          h("span", { class: "hint muted" }, "A denial's reason is shown to the model."),
+          h("div", { class: "row" },
+            h("button", { class: "approve", onclick: () => decide(a, true, reason.value, card) }, "Approve"),
+            h("button", { class: "deny", onclick: () => decide(a, false, reason.value, card) }, "Deny")))
+        : h("div", { class: "actions muted" }, "read only")
+    );
+    return card;
+  }
+
+  // Keep the cards of calls still waiting (and whatever reason is being typed), add new ones.
+  function syncCards(list, items, opts) {
+    const have = new Map([...list.querySelectorAll(".approval")].map((c) => [`${c.dataset.goal}/${c.dataset.call}`, c]));
+    put(list, ...items.map((a) => have.get(callKey(a)) || approvalCard(a, opts)));
+  }
+
   // -- goal page --------------------------------------------------------------------------------
 
   async function renderGoal(id) {
+    let first;
+    try {
+      first = await api(`/v1/goals/${encodeURIComponent(id)}`);
+    } catch (e) {
+      if (e.status === 404) renderNoSuchGoal(id);
+      else showError(view(), e);
+      return; // nothing to follow
+    }
     const head = h("section", { class: "panel", id: "goal-head" });
+    const calls = h("div", { id: "goal-approvals" });
+    const callsPanel = h("section", { class: "panel waiting", id: "goal-approvals-panel", hidden: true },
+      h("h2", {}, "Waiting for approval"),
+      h("p", { class: "muted" }, "The agent wants to call a tool that needs a person's decision; the task waits."),
+      calls);
     const dag = h("div", { class: "dag", id: "dag" }, h("p", { class: "muted" }, "No plan yet."));
     const tasks = h("div", { id: "tasks" });
     const answer = h("div", { id: "answer" });
@@ -291,10 +567,11 @@
     put(
       view(),
       head,
+      callsPanel,
       h("div", { class: "grid" },
         h("div", {},
           h("section", { class: "panel" }, h("h2", {}, "Plan"), dag),
-          h("section", { class: "panel" }, h("h2", {}, "Answer"), answer),
+          h("section", { class: "panel" }, h("h2", { id: "answer-title" }, "Answer"), answer),
           h("section", { class: "panel" }, h("h2", {}, "Tasks and attempts"), tasks)),
         h("div", {},
           h("section", { class: "panel" }, h("h2", {}, "Ledger"), ledger),
@@ -302,16 +579,20 @@
             h("div", { class: "events" }, h("table", { id: "events" }, events)))))
     );
 
-    async function refresh() {
-      let s;
+    async function refresh(known) {
+      let s = known;
+      let waiting = [];
       try {
-        s = await api(`/v1/goals/${encodeURIComponent(id)}`);
+        if (!s) s = await api(`/v1/goals/${encodeURIComponent(id)}`);
+        if (!TERMINAL.includes(s.goal.state)) {
+          waiting = (await api(`/v1/approvals?goal_id=${encodeURIComponent(id)}`)).approvals;
+        }
       } catch (e) {
         showError(head, e);
         return;
       }
       const g = s.goal;
-      const cancel = can("submit") && !["succeeded", "failed", "cancelled", "budget_exhausted"].includes(g.state)
+      const cancel = can("submit") && !TERMINAL.includes(g.state)
         ? h("button", { class: "deny", id: "cancel", onclick: async () => {
           if (!confirm("Cancel this goal?")) return;
           try { await api(`/v1/goals/${encodeURIComponent(id)}/cancel`, { method: "POST", json: {} }); }
@@ -321,7 +602,8 @@
         : null;
       put(
         head,
-        h("div", { class: "toolbar" }, h("h1", {}, "Goal"), stateBadge(g.state, { testid: "goal-state" }), cancel),
+        h("div", { class: "toolbar" }, h("h1", {}, "Goal"), stateBadge(g.state, { testid: "goal-state" }),
+          waiting.length ? waitingBadge(waiting.length, { testid: "goal-waiting" }) : null, cancel),
         h("p", { class: "goal-text", id: "goal-text" }, g.goal.text),
         g.goal.definition_of_done ? h("p", { class: "muted" }, `Done when: ${g.goal.definition_of_done}`) : null,
         h("div", { class: "meta" },
@@ -331,15 +613,46 @@
           h("span", {}, "age ", h("b", {}, age(g.created_at))),
           g.reason ? h("span", {}, "reason ", h("b", {}, g.reason)) : null)
       );
-      put(answer, g.answer ? h("div", { class: "answer", id: "answer-text" }, g.answer)
-        : h("p", { class: "muted" }, g.state === "succeeded" ? "(empty)" : "Not yet."));
+      syncCards(calls, waiting, { showGoal: false });
+      callsPanel.hidden = !waiting.length;
       const jobs = [];
       if (g.plan_version) {
         jobs.push(api(`/v1/goals/${encodeURIComponent(id)}/plan`).then((p) => put(dag, drawDag(p))));
       }
-      jobs.push(api(`/v1/goals/${encodeURIComponent(id)}/attempts`).then(renderAttempts));
+      jobs.push(api(`/v1/goals/${encodeURIComponent(id)}/attempts`).then((a) => {
+        renderAttempts(a);
+        renderAnswer(g, a);
+      }));
       jobs.push(api(`/v1/goals/${encodeURIComponent(id)}/ledger`).then(renderLedger).catch(() => null));
       await Promise.all(jobs).catch((e) => showError(tasks, e));
+    }
+
+    const ENDED = { failed: "Failed", cancelled: "Cancelled", budget_exhausted: "Out of budget" };
+
+    // A goal that ended without an answer says why, and what its tasks had achieved by then.
+    function renderAnswer(g, a) {
+      const ended = TERMINAL.includes(g.state) && g.state !== "succeeded";
+      $("#answer-title").textContent = ended ? "Outcome" : "Answer";
+      if (!ended) {
+        put(answer, g.answer ? h("div", { class: "answer", id: "answer-text" }, g.answer)
+          : h("p", { class: "muted" }, g.state === "succeeded" ? "(empty)" : "Not yet."));
+        return;
+      }
+      const accepted = [];
+      for (const t of a.tasks) {
+        for (const x of t.attempts) if (x.verdict && x.verdict.action === "accept") accepted.push([t, x]);
+      }
+      put(answer,
+        h("div", { class: `ended ${g.state}`, id: "ended" },
+          h("p", {}, h("b", {}, ENDED[g.state]), ": ",
+            h("span", { id: "end-reason" }, g.reason || "no reason was recorded"))),
+        g.answer ? h("div", { class: "answer", id: "answer-text" }, g.answer) : null,
+        h("h3", {}, `Accepted before it ended (${accepted.length} task result${accepted.length === 1 ? "" : "s"})`),
+        accepted.length
+          ? h("div", { id: "accepted" }, accepted.map(([t, x]) => h("div", { class: "accepted", dataset: { task: t.task_id } },
+            h("div", {}, h("b", {}, `${t.task_id}: ${t.title}`), h("span", { class: "muted" }, ` · attempt ${x.attempt}`)),
+            h("pre", {}, x.answer || "(no answer)"))))
+          : h("p", { class: "muted", id: "accepted-none" }, "No task result was accepted."));
     }
 
     function renderAttempts(a) {
@@ -365,7 +678,10 @@
         ["· cache write", fmt(l.spent_cache_write)], ["· unknown (forfeited)", fmt(l.spent_unknown)],
         ["reserved", `${fmt(l.reserved)} (${l.open} open)`], ["headroom", fmt(l.headroom)],
         ["model calls", fmt(l.calls)], ["refused", fmt(l.refusals)], ["cost", `$${l.cost_usd.toFixed(4)}`],
+        // The model each role's calls went to (an alias of the models file, or a model id).
+        ...["planner", "executor", "critic"].filter((r) => (l.served_by || {})[r]).map((r) => [`model · ${r}`, l.served_by[r]]),
       ];
+      if (l.usage_unknown) rows.push(["calls without usage (charged in full)", fmt(l.usage_unknown)]);
       put(ledger, bar(l.budget ? (l.spent + l.reserved) / l.budget : 0, "tokens"),
         h("table", { class: "ledger" }, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, v))))));
     }
@@ -381,9 +697,30 @@
       box.scrollTop = box.scrollHeight;
     }
 
-    await refresh();
+    await refresh(first);
     const soon = debounce(refresh, 150);
-    stream(`/v1/goals/${encodeURIComponent(id)}/events`, (e) => { addEvent(e); soon(); }, refresh);
+    let after = null; // the last event shown
+    const follow = () => viewStream(`/v1/goals/${encodeURIComponent(id)}/events${after ? `?after=${after}` : ""}`,
+      (e, position) => { after = position || after; addEvent(e); soon(); },
+      async () => {
+        // `end` means the goal ended; should a server say it while the goal runs, follow on.
+        const s = await api(`/v1/goals/${encodeURIComponent(id)}`).catch(() => null);
+        if (s && !TERMINAL.includes(s.goal.state) && !closed) follow();
+        refresh(s || undefined);
+      });
+    let closed = false;
+    routeCleanup.push(() => { closed = true; });
+    follow();
+    // A decision taken here or elsewhere shows in the goal's own stream; this catches a poll's news.
+    onPending(soon);
+  }
+
+  function renderNoSuchGoal(id) {
+    put(view(), h("section", { class: "panel", id: "no-such-goal" },
+      h("h1", {}, "No such goal"),
+      h("p", {}, "There is no goal with the id ", h("b", { class: "mono wrap" }, id),
+        ". Check the link; a goal that was deleted is gone for good."),
+      h("p", {}, h("a", { href: "#/" }, "← all goals"))));
   }
 
   // -- approvals inbox --------------------------------------------------------------------------
@@ -397,62 +734,17 @@
         "Your token has no `approve` scope: you can see the calls but not decide them."),
       list));
 
-    async function decide(a, approved, reason, row) {
-      const verb = approved ? "approve" : "deny";
-      for (const b of row.querySelectorAll("button")) b.disabled = true;
-      try {
-        await api(`/v1/approvals/${encodeURIComponent(a.goal_id)}/${encodeURIComponent(a.call_id)}/${verb}`,
-          { method: "POST", json: { reason } });
-        put(row, h("p", { class: "notice" }, `${approved ? "Approved" : "Denied"}: ${a.tool} for goal ${a.goal_id.slice(0, 12)}`));
-      } catch (e) {
-        row.append(h("p", { class: "error", role: "alert" }, e.message));
-      }
-      load();
-    }
-
-    async function load() {
-      let items;
-      try {
-        items = (await api("/v1/approvals")).approvals;
-      } catch (e) {
-        showError(list, e);
-        return;
-      }
-      updateCount(items.length);
-      if (!items.length) {
+    function draw() {
+      if (!pending.items.length) {
         put(list, h("p", { class: "muted", id: "inbox-empty" }, "Nothing waits for a decision."));
         return;
       }
-      put(list, ...items.map((a) => {
-        const reason = h("input", { type: "text", placeholder: "reason (optional; shown to the model on deny)",
-          "aria-label": "reason" });
-        const row = h("div", { class: "approval", dataset: { call: a.call_id, goal: a.goal_id } });
-        row.append(
-          h("div", {},
-            h("div", {}, h("b", {}, a.tool), h("span", { class: "muted" }, ` · requested ${age(a.requested_at)} ago`)),
-            h("dl", { class: "kv" },
-              h("dt", {}, "goal"), h("dd", {}, h("a", { href: `#/goals/${encodeURIComponent(a.goal_id)}` }, a.goal_text)),
-              h("dt", {}, "asked by"), h("dd", {}, `task ${a.task_id}${a.task_title ? `: ${a.task_title}` : ""} (attempt ${a.attempt})`),
-              h("dt", {}, "call"), h("dd", { class: "mono" }, a.call_id),
-              h("dt", {}, "arguments"), h("dd", {}, h("pre", { class: "args" }, JSON.stringify(a.arguments, null, 2))))),
-          can("approve")
-            ? h("div", { class: "actions" }, reason, h("div", { class: "row" },
-              h("button", { class: "approve", onclick: () => decide(a, true, reason.value, row) }, "Approve"),
-              h("button", { class: "deny", onclick: () => decide(a, false, reason.value, row) }, "Deny")))
-            : h("div", { class: "actions muted" }, "read only")
-        );
-        return row;
-      }));
+      syncCards(list, pending.items, { showGoal: true });
     }
-    await load();
-    const soon = debounce(load, 200);
-    stream("/v1/events?after=$", (e) => { if (e.type.startsWith("tool.approval") || e.type === "goal.state") soon(); });
-  }
-
-  function updateCount(n) {
-    const badge = $("#approval-count");
-    badge.hidden = !n;
-    badge.textContent = String(n);
+    onPending(draw);
+    const err = await refreshPending();
+    if (err) showError(list, err);
+    else draw();
   }
 
   // -- submit -----------------------------------------------------------------------------------
@@ -497,8 +789,8 @@
   async function route() {
     for (const close of routeCleanup) close();
     routeCleanup = [];
-    $("#live").textContent = "offline";
-    $("#live").classList.remove("on");
+    liveOwner = hub.es;
+    paintLive();
     const hash = location.hash || "#/";
     for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", hash.startsWith(a.getAttribute("href")) && (a.getAttribute("href") !== "#/" || hash === "#/"));
     if (!me) {
@@ -527,6 +819,8 @@
     $("#signout").addEventListener("click", () => {
       sessionStorage.removeItem(TOKEN_KEY);
       me = null;
+      stopPolling();
+      stopHub();
       $("#whoami").textContent = "";
       $("#signout").hidden = true;
       route();
@@ -537,9 +831,6 @@
     } catch (e) {
       showError(view(), e);
       return;
-    }
-    if (me && can("read")) {
-      api("/v1/approvals").then((r) => updateCount(r.approvals.length)).catch(() => null);
     }
     await route();
   }
