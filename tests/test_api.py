@@ -790,7 +790,8 @@ async def test_fleet_shows_live_workers_queue_depths_and_the_longest_wait(
     r = await api.http.get("/v1/fleet")
     assert r.status_code == 401
     empty = (await api.http.get("/v1/fleet", headers=api.auth("reader"))).json()
-    assert set(empty) == {"ok", "roles", "checked_at"} and empty["ok"] is False
+    assert set(empty) == {"ok", "roles", "checked_at", "redis"} and empty["ok"] is False
+    assert empty["redis"]["role"] == "master" and empty["redis"]["memory_full"] is False
     assert empty["roles"] == [
         {"role": role, "live_workers": 0, "queue_depth": 0, "oldest_queued_age_s": None}
         for role in ("planner", "executor", "critic")
@@ -821,6 +822,25 @@ async def test_fleet_shows_live_workers_queue_depths_and_the_longest_wait(
     assert 3.5 < roles["executor"]["oldest_queued_age_s"] < 30  # the waiting job, not the running or deferred one
     assert roles["planner"]["oldest_queued_age_s"] is None
     await fleet.beat(redis, keys, ["critic"], "host-c:3", 30)
+    assert (await api.http.get("/v1/fleet", headers=api.auth("reader"))).json()["ok"] is True
+
+
+async def test_fleet_says_when_redis_memory_is_full(api: Api, redis: ArqRedis, keys: Keys) -> None:
+    """With Redis past its maxmemory under noeviction (every write refused), /v1/fleet says so and is not ok,
+    even with a live worker per role."""
+    from bus import fleet
+
+    await fleet.beat(redis, keys, ["planner", "executor", "critic"], "host-a:1", 30)
+    before = await redis.config_get("maxmemory*")
+    await redis.config_set("maxmemory-policy", "noeviction")
+    await redis.config_set("maxmemory", "1")
+    try:
+        view = (await api.http.get("/v1/fleet", headers=api.auth("reader"))).json()
+    finally:
+        await redis.config_set("maxmemory", before["maxmemory"])
+        await redis.config_set("maxmemory-policy", before["maxmemory-policy"])
+    assert view["redis"]["memory_full"] is True and view["redis"]["maxmemory"] == 1
+    assert view["ok"] is False and all(r["live_workers"] == 1 for r in view["roles"])
     assert (await api.http.get("/v1/fleet", headers=api.auth("reader"))).json()["ok"] is True
 
 

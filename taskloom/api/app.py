@@ -788,7 +788,20 @@ async def _fleet(c: Client) -> m.Fleet:
         )
         for r in await health.load(c.redis, c.keys)
     ]
-    return m.Fleet(ok=all(r.live_workers for r in roles), roles=roles, checked_at=datetime.now(UTC))
+    node = None
+    with contextlib.suppress(Exception):  # INFO may be refused (a managed Redis): the roles still answer
+        n = await health.node_of(c.redis)
+        node = m.FleetRedis(
+            address=n.address,
+            role=n.role,
+            via_sentinel=n.via_sentinel,
+            used_memory=n.used_memory,
+            maxmemory=n.maxmemory,
+            memory_full=n.memory_full,
+        )
+    writable = node is None or (node.role == "master" and not node.memory_full)
+    ok = all(r.live_workers for r in roles) and writable
+    return m.Fleet(ok=ok, roles=roles, redis=node, checked_at=datetime.now(UTC))
 
 
 async def _summary(c: Client, goal_id: str) -> m.GoalSummary | None:

@@ -222,9 +222,19 @@ class FleetRole(_Out):
     )
 
 
+class FleetRedis(_Out):
+    address: str = Field(description="host:port (the master the Sentinels name, with a Sentinel URL) or socket")
+    role: str = Field(description="the node's replication role: master, or slave (a replica: nothing can be written)")
+    via_sentinel: bool
+    used_memory: int = Field(description="bytes")
+    maxmemory: int = Field(description="bytes; 0: no limit")
+    memory_full: bool = Field(description="past maxmemory: every write is refused (OOM) and goals wait")
+
+
 class Fleet(_Out):
     """The workers as Redis sees them (what `taskloom health` reads)."""
 
-    ok: bool = Field(description="false when any role has no live worker")
+    ok: bool = Field(description="false when any role has no live worker, or Redis cannot take writes")
     roles: list[FleetRole]
+    redis: FleetRedis | None = Field(default=None, description="the Redis node the fleet writes to; null: unread")
     checked_at: datetime = Field(description="when this was read (UTC)")

@@ -250,6 +250,15 @@
     }
     const idle = (fleet.roles || []).filter((r) => r.live_workers === 0)
       .sort((a, b) => ROLES.indexOf(a.role) - ROLES.indexOf(b.role));
+    const redis = fleet.redis;
+    if (redis && (redis.memory_full || redis.role !== "master")) {
+      put(banner, h("b", {}, redis.memory_full
+        ? "Redis memory is full: every write is refused, goals wait until memory is freed."
+        : `Redis at ${redis.address} is a replica: nothing can be written, goals wait.`));
+      banner.dataset.roles = "";
+      banner.hidden = false;
+      return;
+    }
     if (fleet.ok || !idle.length) {
       banner.hidden = true;
       return;
