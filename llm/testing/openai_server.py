@@ -26,19 +26,16 @@ Quirks of local servers, as constructor switches (or per reply, on `OpenAIReply`
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from llm.anthropic import build_params as anthropic_params
 from llm.anthropic import tool_name_map
+from llm.testing.loopback import LoopbackServer
 from llm.testing.openai_wire import (
     OpenAIReply,
     OpenAIScript,
@@ -93,13 +90,15 @@ def _neutral_prompt(body: Mapping[str, Any]) -> dict[str, Any]:
     return anthropic_params(request, str(body.get("model", "")), tool_name_map(request))
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(LoopbackServer[OpenAIScript, RecordedRequest]):
     """Scripted fake of Chat Completions. Use as a (sync or async) context manager, or start()/close().
 
     >>> with FakeOpenAIServer() as server:
     ...     server.enqueue(openai_text_reply("hello"))
     ...     client = openai.OpenAI(api_key="test", base_url=server.base_url)
     """
+
+    thread_name = "fake-openai"
 
     def __init__(
         self,
@@ -115,8 +114,7 @@ class FakeOpenAIServer:
         ignore_tool_choice: bool = False,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        self._host = host
-        self._port = port
+        super().__init__(host=host, port=port)
         self.prompt_caching = prompt_caching
         self.cache_min_tokens = cache_min_tokens
         self.context_window = context_window  # a prompt counted above it gets context_length_exceeded
@@ -125,96 +123,12 @@ class FakeOpenAIServer:
         self.repeat_stream_ids = repeat_stream_ids
         self.ignore_tool_choice = ignore_tool_choice
         self.headers = dict(headers or {})  # sent on every reply (x-ratelimit-remaining-*, say)
-        self._lock = threading.Lock()
-        self._queue: deque[OpenAIScript] = deque()
-        self._responder: OpenAIResponder | None = None
-        self._requests: list[RecordedRequest] = []
-        self._billed = Usage()
         self._prefixes: set[str] = set()
-        self._ids = itertools.count(1)
-        self._closing = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # -- lifecycle ------------------------------------------------------------------------------
-
-    def start(self) -> FakeOpenAIServer:
-        if self._httpd is not None:
-            return self
-        handler = type("_BoundHandler", (_Handler,), {"fake": self})
-        httpd = ThreadingHTTPServer((self._host, self._port), handler)
-        httpd.daemon_threads = True
-        self._httpd = httpd
-        self._thread = threading.Thread(
-            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-openai", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        self._closing.set()  # wakes handlers sleeping on a `delay`
-        httpd.shutdown()
-        httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeOpenAIServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> FakeOpenAIServer:
-        return self.start()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    # -- scripting ------------------------------------------------------------------------------
 
     @property
     def base_url(self) -> str:
         """URL for `base_url=` / `OPENAI_BASE_URL`, ending in `/v1` as the OpenAI SDK expects."""
-        if self._httpd is None:
-            raise RuntimeError("the fake server is not started")
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
-
-    def enqueue(self, *items: OpenAIScript) -> FakeOpenAIServer:
-        """Answer the next requests with `items`, in order (before any `respond_with` function)."""
-        with self._lock:
-            self._queue.extend(items)
-        return self
-
-    def respond_with(self, responder: OpenAIResponder | None) -> FakeOpenAIServer:
-        """Answer every request the queue does not cover with `responder(request)` (None: stop)."""
-        with self._lock:
-            self._responder = responder
-        return self
-
-    @property
-    def pending(self) -> int:
-        """Enqueued items not used yet."""
-        with self._lock:
-            return len(self._queue)
-
-    @property
-    def requests(self) -> list[RecordedRequest]:
-        """Every request received so far."""
-        with self._lock:
-            return list(self._requests)
-
-    @property
-    def billed(self) -> Usage:
-        """The usage of every successful reply served (including ones the client stopped waiting for);
-        cached prompt tokens count as `cache_read_tokens`."""
-        with self._lock:
-            return self._billed
+        return f"{self.root_url}/v1"
 
     # -- called by the handler threads ----------------------------------------------------------
 
@@ -227,16 +141,13 @@ class FakeOpenAIServer:
             return recorded
 
     def _next_script(self, request: RecordedRequest) -> OpenAIScript:
-        with self._lock:
-            if self._queue:
-                return self._queue.popleft()
-            responder = self._responder
-        if responder is None:
+        script = self._scripted(request)
+        if script is None:
             return Failure(
                 status=500,
                 body=openai_error_body(500, "fake server: nothing scripted for this request (enqueue or respond_with)"),
             )
-        return responder(request)
+        return script
 
     def _bill(self, body: Mapping[str, Any], output_tokens: int) -> Usage:
         """Count the prompt (cached prefix apart) and add the reply to `billed`."""
@@ -466,3 +377,6 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+
+FakeOpenAIServer.handler = _Handler

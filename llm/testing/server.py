@@ -24,21 +24,18 @@ billing and validation; `RecordedRequest.platform` tells them apart):
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
-import threading
 import time
 import urllib.parse
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
 
 from llm.errors import ToolPairingError
+from llm.testing.loopback import LoopbackServer
 from llm.testing.script import Failure, Reply, Script, error_body
 from llm.testing.tokens import count_input_tokens, count_output_tokens, split_cached
 from llm.toolnames import VALID
@@ -179,13 +176,15 @@ class _Buckets:
         return out
 
 
-class FakeAnthropicServer:
+class FakeAnthropicServer(LoopbackServer[Script, "RecordedRequest"]):
     """Scripted fake of the Messages API. Use as a (sync or async) context manager, or start()/close().
 
     >>> with FakeAnthropicServer() as server:
     ...     server.enqueue(text_reply("hello"))
     ...     client = anthropic.Anthropic(api_key="test", base_url=server.base_url)
     """
+
+    thread_name = "fake-anthropic"
 
     def __init__(
         self,
@@ -196,7 +195,7 @@ class FakeAnthropicServer:
         bill_key: Callable[[RecordedRequest], str | None] | None = None,
         limits: ProviderLimits | None = None,
     ) -> None:
-        self._host = host
+        super().__init__(host=host, port=port)
         # Optional: rate limits enforced with 429s (and reported in anthropic-ratelimit-* headers).
         self._buckets = _Buckets(limits) if limits is not None else None
         self.throttled = 0  # 429s sent for rate limits
@@ -204,102 +203,23 @@ class FakeAnthropicServer:
         # Optional: attribute each billed reply to a key (a goal, say) for `billed_for`.
         self._bill_key = bill_key
         self._billed_by: dict[str, Usage] = {}
-        self._port = port
         self._cache_min_tokens = cache_min_tokens
-        self._lock = threading.Lock()
-        self._queue: deque[Script] = deque()
-        self._responder: Responder | None = None
-        self._requests: list[RecordedRequest] = []
-        self._billed = Usage()
         self._cache: set[str] = set()
-        self._ids = itertools.count(1)
-        self._closing = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # -- lifecycle ------------------------------------------------------------------------------
-
-    def start(self) -> FakeAnthropicServer:
-        if self._httpd is not None:
-            return self
-        handler = type("_BoundHandler", (_Handler,), {"fake": self})
-        httpd = ThreadingHTTPServer((self._host, self._port), handler)
-        httpd.daemon_threads = True
-        self._httpd = httpd
-        self._thread = threading.Thread(
-            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-anthropic", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        self._closing.set()  # wakes handlers sleeping on a `delay`
-        httpd.shutdown()
-        httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeAnthropicServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> FakeAnthropicServer:
-        return self.start()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    # -- scripting ------------------------------------------------------------------------------
 
     @property
     def base_url(self) -> str:
         """Root URL for `base_url=` / `ANTHROPIC_BASE_URL` (no `/v1`: the SDK adds it)."""
-        if self._httpd is None:
-            raise RuntimeError("the fake server is not started")
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def enqueue(self, *items: Script) -> FakeAnthropicServer:
-        """Answer the next requests with `items`, in order (before any `respond_with` function)."""
-        with self._lock:
-            self._queue.extend(items)
-        return self
-
-    def respond_with(self, responder: Responder | None) -> FakeAnthropicServer:
-        """Answer every request the queue does not cover with `responder(request)` (None: stop)."""
-        with self._lock:
-            self._responder = responder
-        return self
-
-    @property
-    def pending(self) -> int:
-        """Enqueued items not used yet."""
-        with self._lock:
-            return len(self._queue)
+        return self.root_url
 
     @property
     def requests(self) -> list[RecordedRequest]:
         """Every request received so far, `/v1/messages` and `/v1/messages/count_tokens` alike."""
-        with self._lock:
-            return list(self._requests)
+        return super().requests
 
     @property
     def message_requests(self) -> list[RecordedRequest]:
         """The Messages requests (any platform), without count_tokens and unknown paths."""
         return [r for r in self.requests if r.platform is not None]
-
-    @property
-    def billed(self) -> Usage:
-        """The usage of every successful reply served (including ones the client stopped waiting for)."""
-        with self._lock:
-            return self._billed
 
     # -- called by the handler threads ----------------------------------------------------------
 
@@ -316,17 +236,14 @@ class FakeAnthropicServer:
             return recorded
 
     def _next_script(self, request: RecordedRequest) -> Script:
-        with self._lock:
-            if self._queue:
-                return self._queue.popleft()
-            responder = self._responder
-        if responder is None:
+        script = self._scripted(request)
+        if script is None:
             return Failure(
                 status=500,
                 headers={"x-should-retry": "false"},
                 body=error_body(500, "fake server: nothing scripted for this request (enqueue or respond_with)"),
             )
-        return responder(request)
+        return script
 
     def _bill(self, body: Mapping[str, Any], output_tokens: int, key: str | None = None) -> Usage:
         with self._lock:
@@ -591,6 +508,8 @@ class _Handler(BaseHTTPRequestHandler):
         for event, data in sse_events(message):
             self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
             self.wfile.flush()
+
+FakeAnthropicServer.handler = _Handler
 
 
 def sse_events(message: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
