@@ -5,7 +5,8 @@ create script). A page is read by one Lua script that walks the index downwards 
 and reads each goal's state, so a page is a consistent snapshot and costs one round trip. A cursor
 is the last entry a page looked at (its score and id), so goals submitted meanwhile never shift a
 later page, unlike an offset. A filtered page looks at no more than `scan` entries: when it stops
-there with fewer matches than asked, it still returns a cursor, and the next page carries on.
+there with fewer matches than asked, it still returns a cursor, and the next page carries on. A
+page that ends at the index's last entry has no cursor, whether it is full or not.
 """
 
 from __future__ import annotations
@@ -45,7 +46,11 @@ while true do
       seen = seen + 1
       local st = redis.call('HGET', ARGV[6] .. id, 'state')
       if st and (not want or want[st]) then out[#out + 1] = id end
-      if #out >= limit or seen >= cap then return {out, score, id} end
+      if #out >= limit or seen >= cap then
+        -- The last entry of the index: no cursor, so a reader knows there is nothing more.
+        if i + 1 >= #rows and #rows < 200 then return {out, '', ''} end
+        return {out, score, id}
+      end
     end
   end
   offset = offset + 100

@@ -503,6 +503,11 @@ async def test_goal_pages_never_repeat_or_skip_goals_submitted_in_the_same_insta
             break
         cursor = page.next_cursor
     assert seen == ["g-e", "g-d", "g-c", "g-b", "g-a"]
+    # A page that ends at the last goal says there is no more, full or not (no empty page to fetch).
+    assert (await index.page(limit=5)).next_cursor is None
+    assert (await index.page(limit=4)).next_cursor is not None
+    last = await index.page(cursor=(await index.page(limit=4)).next_cursor, limit=1)
+    assert last.ids == ["g-a"] and last.next_cursor is None
     with pytest.raises(BadCursor):
         await index.page(cursor="bm90IGEgY3Vyc29y")
 

@@ -489,6 +489,12 @@ async def test_load_more_survives_live_events(idle_console: Console) -> None:
     assert await page.locator("tr.goal-row").count() == 54
     assert await page.locator(f'tr.goal-row[data-goal="{first[0]}"]').count() == 1
     assert await page.locator("#more").is_hidden()
+    # Another live event re-reads all 54 rows in one full page: still nothing more to load.
+    await c.client.cancel(first[1])
+    await page.wait_for_selector(f'tr.goal-row[data-goal="{first[1]}"][data-state="cancelled"]', timeout=WAIT_MS)
+    await asyncio.sleep(0.5)
+    assert await page.locator("tr.goal-row").count() == 54
+    assert await page.locator("#more").is_hidden()
     await c.shot(page, "after-load-more")
 
 
