@@ -156,14 +156,22 @@ class SentinelCluster:
         return old, self.master_port()
 
     def wait_demoted(self, port: int, timeout: float = 30) -> None:
-        """Wait until the server on `port` is a replica that finished syncing from the master."""
+        """Wait until the server on `port` is a replica that has applied every write the master
+        had when this was called. A link that is `up` is not enough: the replication stream still
+        trails the master by whatever it wrote after the resync's snapshot."""
+        with self.client(self.master_port()) as m:
+            target = int(m.info("replication")["master_repl_offset"])
 
         def synced() -> bool:
             with self.client(port) as c:
                 info = c.info("replication")
-            return info["role"] == "slave" and info.get("master_link_status") == "up"
+            return (
+                info["role"] == "slave"
+                and info.get("master_link_status") == "up"
+                and int(info.get("slave_repl_offset", -1)) >= target
+            )
 
-        self._wait(synced, timeout, f"127.0.0.1:{port} to become a synced replica")
+        self._wait(synced, timeout, f"127.0.0.1:{port} to become a replica caught up with the master")
 
     def kill(self, port: int) -> None:
         """SIGKILL the server on `port`."""
