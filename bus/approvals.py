@@ -26,7 +26,7 @@ from .keys import Keys
 from .replies import as_str
 from .schemas import GOAL_TERMINAL, Event, GoalState
 from .scripts import lua
-from .store import NotFound
+from .store_errors import NotFound
 
 _APPROVED = "approved"
 _DENIED = "denied:"

@@ -37,12 +37,8 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from decimal import Decimal
-from typing import Any
+from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
@@ -51,21 +47,20 @@ from llm.types import Usage
 from .durability import script_confirmed
 from .events import CorruptRecord, first_error
 from .keys import Keys
-from .prices import PriceTable
-from .replies import as_str, str_pairs
+from .ledger_records import (
+    POOL_NAME_PATTERN,
+    TENANT_NAME_PATTERN,
+    BudgetExhausted,
+    LedgerError,
+    LedgerNotFound,
+    LedgerSnapshot,
+    PoolRef,
+    Reservation,
+    reservation_from_reply,
+)
+from .prices import PriceTable, usd_to_micro
+from .replies import str_pairs
 from .scripts import lua
-from .store import NotFound
-
-# Pool names end up inside Redis keys and inside newline-separated records.
-POOL_NAME_PATTERN = r"^[A-Za-z0-9_.:@-]{1,128}$"
-# Tenant names too, and inside pool names (`tenant:<name>:<period>`): no colon.
-TENANT_NAME_PATTERN = r"^[A-Za-z0-9_.@-]{1,64}$"
-
-
-def usd_to_micro(usd: float) -> int:
-    """Dollars as integer micro-USD (rounded down: a budget never grows by rounding)."""
-    return int(Decimal(str(usd)) * 1_000_000)
-
 
 # Expired reservations closed per script call: bounds the time one reserve can spend sweeping.
 SWEEP_BATCH = 100
@@ -74,77 +69,6 @@ SWEEP_BATCH = 100
 def ledger_keys(keys: Keys) -> tuple[str, str, str]:
     """(open-reservations hash, expiry sorted set, pool key prefix)."""
     return keys.ledger_open(), keys.ledger_expiry(), keys.pool_prefix()
-
-
-# -- errors ---------------------------------------------------------------------------------------
-
-
-class LedgerError(Exception):
-    """Base of the ledger's typed errors."""
-
-
-class LedgerNotFound(LedgerError, NotFound):
-    """The goal has no ledger: `open` was never called for it (or its books were deleted)."""
-
-    def __init__(self, goal_id: str) -> None:
-        NotFound.__init__(self, "ledger of goal", goal_id)
-        self.goal_id = goal_id
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.goal_id,))
-
-
-class BudgetExhausted(LedgerError):
-    """A reservation was refused: spent + reserved + requested > budget, in the goal or in `pool`.
-
-    `budget`, `spent` and `reserved` are the numbers of the books that refused (the pool's when
-    `pool` is set); `requested` is the smallest reservation that would have been accepted (the input
-    estimate plus the fewest output tokens worth a call).
-    """
-
-    def __init__(
-        self,
-        goal_id: str,
-        budget: int,
-        spent: int,
-        reserved: int,
-        requested: int,
-        pool: str | None,
-        unit: str = "tokens",
-    ) -> None:
-        where = f"pool {pool!r} of goal {goal_id}" if pool else f"goal {goal_id}"
-        headroom = budget - spent - reserved
-        if unit == "unpriced":
-            msg = (
-                f"dollar budget of {where} cannot be kept: the model has no price "
-                "(add it to TASKLOOM_PRICES, USD per million tokens)"
-            )
-        elif unit == "usd":
-            d = 1_000_000
-            msg = (
-                f"dollar budget exhausted for {where}: budget ${budget / d:.6f}, spent ${spent / d:.6f}, "
-                f"reserved ${reserved / d:.6f}, headroom ${headroom / d:.6f} < ${requested / d:.6f} needed "
-                "for this call at its dearest rates"
-            )
-        else:
-            msg = (
-                f"token budget exhausted for {where}: budget {budget}, spent {spent}, reserved {reserved}, "
-                f"headroom {headroom} < {requested} needed for this call"
-            )
-        super().__init__(msg)
-        self.goal_id = goal_id
-        self.budget = budget
-        self.spent = spent
-        self.reserved = reserved
-        self.requested = requested
-        self.pool = pool
-        self.unit = unit  # "tokens", or "usd" (then the numbers are micro-USD)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            type(self),
-            (self.goal_id, self.budget, self.spent, self.reserved, self.requested, self.pool, self.unit),
-        )
 
 
 # -- the clamp decision (pure; the reserve script implements the same rule) -----------------------
@@ -162,115 +86,6 @@ def clamp_output(headroom: int, input_tokens: int, max_tokens: int, min_reservat
     """
     out = min(max_tokens, headroom - input_tokens)
     return out if out >= min_output(max_tokens, min_reservation) else 0
-
-
-# -- records --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PoolRef:
-    """A shared budget goals draw from (e.g. `tenant:acme`, `day:2026-11-29`); created on first use."""
-
-    name: str
-    budget_tokens: int
-
-    def __post_init__(self) -> None:
-        if not re.match(POOL_NAME_PATTERN, self.name):
-            raise ValueError(f"pool name {self.name!r} does not match {POOL_NAME_PATTERN}")
-        if self.budget_tokens <= 0:
-            raise ValueError(f"pool {self.name!r}: budget_tokens must be positive, got {self.budget_tokens}")
-
-
-class Reservation(BaseModel):
-    """Tokens set aside for one model call; settle, release or forfeit it exactly once (repeats are no-ops)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str
-    goal_id: str
-    input_tokens: int = Field(ge=0, description="the input estimate reserved")
-    max_tokens: int = Field(gt=0, description="output tokens reserved: the call's max_tokens, clamped")
-    amount: int = Field(gt=0, description="input_tokens + max_tokens")
-    expires_at: float = Field(description="Redis time (epoch seconds) after which it is forfeited")
-    pools: tuple[str, ...] = ()
-    model: str | None = None
-    cost_micro: int = Field(default=0, ge=0, description="worst-case micro-USD held (dearest rates)")
-    tenant_pool: str | None = Field(default=None, description="the tenant's period pool it draws from")
-    spent_fraction: float = Field(
-        default=0.0, ge=0, description="the highest spent/budget among the books it draws from, before this call"
-    )
-    # Its entry in the expiry set (id, then the record of the books it holds, one a line): closing it
-    # removes this entry, so the close script reads no record. "" for a reservation made by an earlier
-    # version (closed by `id`).
-    entry: str = ""
-
-
-class LedgerSnapshot(BaseModel):
-    """A goal's (or a pool's) books at one instant."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(description="the goal id, or the pool name")
-    budget: int = Field(description="token budget (0 for a pool without a token limit)")
-    budget_micro_usd: int = Field(default=0, description="dollar budget in micro-USD (0 = none)")
-    reserved_micro_usd: int = Field(default=0, description="worst-case cost held by open reservations")
-    reserved: int
-    spent: int
-    spent_input: int
-    spent_output: int
-    spent_cache_read: int
-    spent_cache_write: int
-    spent_unknown: int = Field(description="forfeited and expired reservations, counted in full")
-    usage_unknown: int = Field(default=0, description="calls whose reply carried no usage, counted in full")
-    served_by: dict[str, str] = Field(
-        default_factory=dict, description="the model that last served each role's calls (role -> model)"
-    )
-    calls: int
-    cost_micro_usd: int
-    cost_usd: float
-    headroom: int = Field(description="budget - spent - reserved")
-    refusals: int
-    open: int = Field(description="reservations not yet settled, released or expired")
-    releases: int
-    forfeits: int
-    expired: int
-    overrun: int = Field(description="tokens settled above their reservation (input estimate too low)")
-    unpriced: int = Field(description="settled calls whose model has no price (cost counted as 0)")
-    pools: list[str]
-
-    @classmethod
-    def from_hash(cls, name: str, h: Mapping[str, str]) -> LedgerSnapshot:
-        def n(field: str) -> int:
-            return int(h.get(field) or 0)
-
-        budget, spent, reserved = n("budget"), n("spent"), n("reserved")
-        return cls(
-            name=name,
-            budget=budget,
-            budget_micro_usd=n("budget_micro"),
-            reserved_micro_usd=n("reserved_micro"),
-            reserved=reserved,
-            spent=spent,
-            spent_input=n("spent_input"),
-            spent_output=n("spent_output"),
-            spent_cache_read=n("spent_cache_read"),
-            spent_cache_write=n("spent_cache_write"),
-            spent_unknown=n("spent_unknown"),
-            usage_unknown=n("usage_unknown"),
-            served_by={k.removeprefix("served:"): v for k, v in h.items() if k.startswith("served:")},
-            calls=n("calls"),
-            cost_micro_usd=n("cost_micro_usd"),
-            cost_usd=n("cost_micro_usd") / 1_000_000,
-            headroom=budget - spent - reserved,
-            refusals=n("refusals"),
-            open=n("open"),
-            releases=n("releases"),
-            forfeits=n("forfeits"),
-            expired=n("expired"),
-            overrun=n("overrun"),
-            unpriced=n("unpriced"),
-            pools=[p for p in (h.get("pools") or "").split("\n") if p],
-        )
 
 
 # -- Lua (bus/lua/*.lua; each file's header says its KEYS, ARGV and reply) ------------------------
@@ -378,27 +193,7 @@ class Ledger:
                 self.keys.tenant(""),
             ],
         )
-        status = as_str(out[0])
-        if status == "missing":
-            raise LedgerNotFound(goal_id)
-        if status == "refused":
-            pool, unit = as_str(out[1]), as_str(out[2])
-            budget, spent, reserved, requested = (int(float(as_str(v))) for v in out[3:7])
-            raise BudgetExhausted(goal_id, budget, spent, reserved, requested, pool or None, unit)
-        return Reservation(
-            id=rid,
-            goal_id=goal_id,
-            input_tokens=estimated_input,
-            max_tokens=int(as_str(out[1])),
-            amount=int(as_str(out[2])),
-            expires_at=float(as_str(out[3])),
-            pools=tuple(p for p in as_str(out[4]).split("\n") if p),
-            model=model,
-            cost_micro=int(as_str(out[5])),
-            tenant_pool=as_str(out[6]) or None,
-            spent_fraction=int(as_str(out[7])) / 1000,
-            entry=as_str(out[8]),
-        )
+        return reservation_from_reply(out, rid, goal_id, estimated_input, model)
 
     async def settle(
         self,
@@ -490,3 +285,20 @@ class Ledger:
     async def _read(self, key: str) -> dict[str, str]:
         out = await self._sweep(keys=[self._open_key, self._expiry_key, key], args=[SWEEP_BATCH])
         return str_pairs(out[1:])
+
+
+__all__ = [
+    "POOL_NAME_PATTERN",
+    "SWEEP_BATCH",
+    "TENANT_NAME_PATTERN",
+    "BudgetExhausted",
+    "Ledger",
+    "LedgerError",
+    "LedgerNotFound",
+    "LedgerSnapshot",
+    "PoolRef",
+    "Reservation",
+    "clamp_output",
+    "ledger_keys",
+    "min_output",
+]

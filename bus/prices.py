@@ -55,6 +55,11 @@ _BEDROCK = re.compile(r"^(?:[a-z]{2,6}\.)?anthropic\.(?P<id>claude-[A-Za-z0-9.-]
 _VERTEX = re.compile(r"^(?P<id>claude-[A-Za-z0-9.-]+)@(?P<date>\d{8})$")
 
 
+def usd_to_micro(usd: float) -> int:
+    """Dollars as integer micro-USD (rounded down: a budget never grows by rounding)."""
+    return int(Decimal(str(usd)) * 1_000_000)
+
+
 def _rate(usd_per_mtok: float | Decimal) -> int:
     """USD per million tokens as integer micro-USD per million tokens (rounded up, exact for prices
     with up to 6 decimals), so costs are exact integer arithmetic here and in the reserve script."""

@@ -15,10 +15,7 @@ can be mangled by Lua's cjson (which, for one, turns an empty list into an objec
 
 from __future__ import annotations
 
-import contextvars
-import json
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,6 +29,7 @@ from llm.types import ModelResponse
 from . import events as ev
 from .batch import ScriptCall, run_scripts
 from .keys import Keys
+from .memo import Memo, hand_over_goal, is_handed_over, take_handed_over
 from .replies import as_str
 from .schemas import (
     GOAL_RESUMABLE,
@@ -54,63 +52,8 @@ from .schemas import (
     utcnow,
 )
 from .scripts import module_scripts
-
-
-class StoreError(Exception):
-    """Base of the store's typed errors."""
-
-
-CorruptRecord = ev.CorruptRecord  # a record that does not parse: see `bus.events.CorruptRecord`
-
-
-def _corrupt(what: str, key: str, exc: Exception) -> CorruptRecord:
-    return CorruptRecord(what, key, ev.first_error(exc))
-
-
-class NotFound(StoreError):
-    def __init__(self, what: str, ident: str) -> None:
-        super().__init__(f"{what} {ident!r} not found")
-        self.what = what
-        self.ident = ident
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.what, self.ident))
-
-
-class IllegalTransition(StoreError):
-    """The requested transition is not allowed from the current state; nothing was written."""
-
-    def __init__(self, entity: str, current: str, target: str) -> None:
-        super().__init__(f"{entity}: illegal transition {current} -> {target}")
-        self.entity = entity
-        self.current = current
-        self.target = target
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.entity, self.current, self.target))
-
-
-class StaleWrite(StoreError):
-    """The record moved on (another attempt or plan version) since the caller read it."""
-
-    def __init__(self, entity: str, expected: str, actual: str) -> None:
-        super().__init__(f"{entity}: expected {expected}, found {actual}")
-        self.entity = entity
-        self.expected = expected
-        self.actual = actual
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.entity, self.expected, self.actual))
-
-
-class AlreadyExists(StoreError):
-    def __init__(self, what: str, ident: str) -> None:
-        super().__init__(f"{what} {ident!r} already exists")
-        self.what = what
-        self.ident = ident
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.what, self.ident))
+from .store_errors import AlreadyExists, CorruptRecord, IllegalTransition, NotFound, StaleWrite, StoreError, corrupt
+from .store_records import csv, goal_from_hash, plan_from_json, result_from_json, task_from_hash, transition_outcome
 
 # The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
 _TRANSITION, _CREATE_GOAL, _SAVE_PLAN, _CANCEL, _RESUME, _CLAIM_STALE = module_scripts(
@@ -120,15 +63,6 @@ _TRANSITION, _CREATE_GOAL, _SAVE_PLAN, _CANCEL, _RESUME, _CLAIM_STALE = module_s
 
 # redis-py types the asyncio client's hash/set commands as `Awaitable[T] | T`; the
 # `type: ignore[misc]` comments below are for that, not for anything of ours.
-
-
-def _csv(states: Any) -> str:
-    return ",".join(sorted(str(s) for s in states))
-
-
-# In-process memory of what never changes once stored: a goal's deadline (part of its immutable
-# record) and each plan version (never overwritten). Bounded; the oldest entries go first.
-MEMO_SIZE = 2048
 
 
 @dataclass(frozen=True)
@@ -141,23 +75,6 @@ class TaskMove:
     call: ScriptCall
 
 
-class _Memo(OrderedDict[Any, Any]):
-    def put(self, key: Any, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > MEMO_SIZE:
-            self.popitem(last=False)
-
-
-# The goal record the job wrapper's `expire_if_late(..., hand_over=True)` just read, for the next
-# `get_goal` of the same job, if it comes within HAND_OVER_S (a context variable: each arq job runs
-# in its own task, so jobs never see each other's).
-_JUST_READ: contextvars.ContextVar[tuple[str, GoalRecord, float] | None] = contextvars.ContextVar(
-    "taskloom_goal_just_read", default=None
-)
-HAND_OVER_S = 0.5
-
-
 class Store:
     def __init__(self, redis: Redis, keys: Keys, events_maxlen: int = 10_000) -> None:
         self.redis = redis
@@ -165,8 +82,8 @@ class Store:
         self.maxlen = events_maxlen
         # goal id -> its deadline (None: it has none), from any goal read: `expire_if_late`, which
         # every job runs first, then needs no read of its own for a goal this process has seen.
-        self._deadlines = _Memo()
-        self._plans = _Memo()  # (goal id, version) -> StoredPlan
+        self._deadlines = Memo()
+        self._plans = Memo()  # (goal id, version) -> StoredPlan
         self._transition = redis.register_script(_TRANSITION)
         self._create_goal = redis.register_script(_CREATE_GOAL)
         self._save_plan = redis.register_script(_SAVE_PLAN)
@@ -209,15 +126,13 @@ class Store:
         return bool(created)
 
     async def get_goal(self, goal_id: str) -> GoalRecord:
-        handed = _JUST_READ.get()
-        if handed is not None:
-            _JUST_READ.set(None)  # once: a later read in the same job goes to Redis again
-            if handed[0] == goal_id and time.monotonic() - handed[2] < HAND_OVER_S:
-                return handed[1]
+        fresh = take_handed_over(goal_id)
+        if fresh is not None:
+            return fresh
         try:
             raw = await self.redis.hgetall(self.keys.goal(goal_id))  # type: ignore[misc]
         except ResponseError as exc:  # WRONGTYPE: the key holds something other than a goal hash
-            raise _corrupt("goal", self.keys.goal(goal_id), exc) from None
+            raise corrupt("goal", self.keys.goal(goal_id), exc) from None
         return self._goal_record(goal_id, raw)
 
     async def get_goal_and_task(
@@ -239,7 +154,7 @@ class Store:
         goal, replies = await self._goal_with(goal_id, reads)
         task_raw = replies[0]
         if isinstance(task_raw, ResponseError):
-            raise _corrupt("task", task_key, task_raw)
+            raise corrupt("task", task_key, task_raw)
         if not task_raw:
             raise NotFound("task", f"{goal_id}/{task_id}")
         task = self._task_record(goal_id, task_id, task_raw)
@@ -247,7 +162,7 @@ class Store:
             return goal, task, None
         raw = replies[1]
         if isinstance(raw, ResponseError):
-            raise _corrupt("results", self.keys.results(goal_id), raw)
+            raise corrupt("results", self.keys.results(goal_id), raw)
         return goal, task, self.parse_result(goal_id, task_id, result_of, raw)
 
     async def get_goal_and_tasks(self, goal_id: str, ids: Iterable[str]) -> tuple[GoalRecord, dict[str, TaskRecord]]:
@@ -262,7 +177,7 @@ class Store:
         tasks: dict[str, TaskRecord] = {}
         for tid, raw in zip(wanted, rows, strict=True):
             if isinstance(raw, ResponseError):
-                raise _corrupt("task", self._task_key(goal_id, tid), raw)
+                raise corrupt("task", self._task_key(goal_id, tid), raw)
             if raw:
                 tasks[tid] = self._task_record(goal_id, tid, raw)
         return goal, tasks
@@ -270,8 +185,7 @@ class Store:
     async def _goal_with(self, goal_id: str, reads: Any) -> tuple[GoalRecord, list[Any]]:
         """The goal record (from the job's hand-over when it has one, else read) and the replies of
         the reads `reads(pipe)` queues, in one round trip; an error reply is returned, not raised."""
-        handed = _JUST_READ.get()
-        if handed is not None and handed[0] == goal_id:
+        if is_handed_over(goal_id):
             goal = await self.get_goal(goal_id)
             async with self.redis.pipeline(transaction=False) as pipe:
                 reads(pipe)
@@ -281,30 +195,11 @@ class Store:
             reads(pipe)
             goal_raw, *replies = await pipe.execute(raise_on_error=False)
         if isinstance(goal_raw, ResponseError):
-            raise _corrupt("goal", self.keys.goal(goal_id), goal_raw)
+            raise corrupt("goal", self.keys.goal(goal_id), goal_raw)
         return self._goal_record(goal_id, goal_raw), replies
 
     def _goal_record(self, goal_id: str, raw: dict[Any, Any]) -> GoalRecord:
-        if not raw:
-            raise NotFound("goal", goal_id)
-        h = {as_str(k): as_str(v) for k, v in raw.items()}
-        try:
-            core = json.loads(h["record"])
-            record = GoalRecord.model_validate(
-                {
-                    **core,
-                    "state": h["state"],
-                    "plan_version": int(h.get("plan_version", 0)),
-                    "replans": int(h.get("replans", 0)),
-                    "resumes": int(h.get("resumes", 0)),
-                    "budget_tokens": int(h.get("budget_tokens") or core["budget_tokens"]),
-                    "answer": h.get("answer"),
-                    "reason": h.get("reason"),
-                    "updated_at": h.get("updated_at") or core["created_at"],
-                }
-            )
-        except (ValueError, TypeError, KeyError) as exc:
-            raise _corrupt("goal", self.keys.goal(goal_id), exc) from None
+        record = goal_from_hash(self.keys.goal(goal_id), goal_id, raw)
         self._deadlines.put(goal_id, record.goal.deadline)
         return record
 
@@ -347,7 +242,7 @@ class Store:
             leave=(self.keys.submitted_index(), goal_id),
             causes=causes,
         )
-        return self._outcome(out, f"goal {goal_id}", target.value)
+        return transition_outcome(out, f"goal {goal_id}", target.value)
 
     async def expire_if_late(self, goal_id: str, now: datetime | None = None, *, hand_over: bool = False) -> bool:
         """Fail a goal whose own deadline (`Goal.deadline`) has passed. True if this call failed it.
@@ -366,7 +261,7 @@ class Store:
             if hand_over:
                 # Every handler reads its goal first thing: it gets this record (read an instant
                 # ago, in the same job) instead of a second read.
-                _JUST_READ.set((goal_id, goal, time.monotonic()))
+                hand_over_goal(goal)
             return False
         try:
             return await self.transition_goal(
@@ -403,9 +298,9 @@ class Store:
                 goal_id,
                 f"{time.time():.3f}",
                 "" if budget_tokens is None else str(budget_tokens),
-                _csv(s.value for s in RESUME_RESETS),
-                _csv(s.value for s in GOAL_RESUMABLE),
-                _csv(s.value for s in GOAL_TERMINAL),
+                csv(s.value for s in RESUME_RESETS),
+                csv(s.value for s in GOAL_RESUMABLE),
+                csv(s.value for s in GOAL_TERMINAL),
             ],
         )
         tag = as_str(out[0])
@@ -449,8 +344,8 @@ class Store:
                 self.keys.active_index(),
             ],
             args=[
-                _csv(goal_sources(GoalState.CANCELLED)),
-                _csv(s.value for s in TASK_TERMINAL),
+                csv(goal_sources(GoalState.CANCELLED)),
+                csv(s.value for s in TASK_TERMINAL),
                 reason,
                 now,
                 ev.encode(event),
@@ -459,7 +354,7 @@ class Store:
                 goal_id,
             ],
         )
-        return self._outcome(out, f"goal {goal_id}", GoalState.CANCELLED.value)
+        return transition_outcome(out, f"goal {goal_id}", GoalState.CANCELLED.value)
 
     # -- plans --------------------------------------------------------------------------------
     async def save_plan(
@@ -501,7 +396,7 @@ class Store:
                 ev.encode(event),
                 self.maxlen,
                 self.keys.task_prefix(goal_id),
-                _csv(s.value for s in GOAL_TERMINAL),
+                csv(s.value for s in GOAL_TERMINAL),
                 *[t.id for t in plan.tasks],
             ],
         )
@@ -523,13 +418,10 @@ class Store:
         try:
             raw = await self.redis.get(self.keys.plan(goal_id, version)) if version else None
         except ResponseError as exc:
-            raise _corrupt("plan", self.keys.plan(goal_id, version), exc) from None
+            raise corrupt("plan", self.keys.plan(goal_id, version), exc) from None
         if raw is None:
             raise NotFound("plan", f"{goal_id} v{version}")
-        try:
-            plan = StoredPlan.model_validate_json(raw)
-        except ValueError as exc:
-            raise _corrupt("plan", self.keys.plan(goal_id, version), exc) from None
+        plan = plan_from_json(self.keys.plan(goal_id, version), raw)
         self._plans.put((goal_id, version), plan)
         return plan
 
@@ -553,27 +445,7 @@ class Store:
         return {tid: self._task_record(goal_id, tid, raw) for tid, raw in zip(ids, rows, strict=True) if raw}
 
     def _task_record(self, goal_id: str, task_id: str, raw: dict[Any, Any]) -> TaskRecord:
-        try:
-            return self._parse_task(goal_id, task_id, raw)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise _corrupt("task", self._task_key(goal_id, task_id), exc) from None
-
-    @staticmethod
-    def _parse_task(goal_id: str, task_id: str, raw: dict[Any, Any]) -> TaskRecord:
-        h = {as_str(k): as_str(v) for k, v in raw.items()}
-        return TaskRecord.model_validate(
-            {
-                "goal_id": goal_id,
-                "task_id": task_id,
-                "state": h["state"],
-                "attempt": int(h.get("attempt", 0)),
-                "first_attempt": int(h.get("first_attempt", 1)),
-                "plan_version": int(h.get("plan_version", 1)),
-                "reason": h.get("reason"),
-                "feedback": h.get("feedback"),
-                "updated_at": h["updated_at"],
-            }
-        )
+        return task_from_hash(self._task_key(goal_id, task_id), goal_id, task_id, raw)
 
     def task_move(
         self,
@@ -678,7 +550,7 @@ class Store:
         elsewhere (`bus.batch`); an exception in place of the reply (Redis trouble) is raised."""
         if isinstance(reply, BaseException):
             raise reply
-        return self._outcome(reply, move.entity, move.target, move.expected_attempt)
+        return transition_outcome(reply, move.entity, move.target, move.expected_attempt)
 
     async def transition_tasks(self, moves: Sequence[TaskMove]) -> list[bool | StoreError]:
         """Make independent task moves in one round trip, each atomic on its own: for each, True
@@ -732,12 +604,7 @@ class Store:
 
     def parse_result(self, goal_id: str, task_id: str, attempt: int, raw: bytes | str | None) -> TaskResult | None:
         """A stored result as read from the results hash (None: none stored)."""
-        if raw is None:
-            return None
-        try:
-            return TaskResult.model_validate_json(raw)
-        except ValueError as exc:
-            raise _corrupt(f"result {task_id}:{attempt}", self.keys.results(goal_id), exc) from None
+        return result_from_json(self.keys.results(goal_id), task_id, attempt, raw)
 
     # -- internals ----------------------------------------------------------------------------
     async def _run_transition(
@@ -773,7 +640,7 @@ class Store:
         ended = key == self.keys.goal(goal_id) and target in {s.value for s in GOAL_TERMINAL}
         args: list[str | int] = [
             target,
-            _csv(s.value for s in sources),
+            csv(s.value for s in sources),
             "" if expected_attempt is None else str(expected_attempt),
             # Compact JSON has no raw newline: one event per line. The causes (a verdict) come first,
             # in the same script as the move, so a reader that sees the new state has seen them too.
@@ -791,25 +658,12 @@ class Store:
         keys = [key, *self._streams(goal_id), leave_key, self.keys.active_index()]
         return keys, args
 
-    @staticmethod
-    def _outcome(out: list[Any], entity: str, target: str, expected_attempt: int | None = None) -> bool:
-        tag = as_str(out[0])
-        if tag == "ok":
-            return True
-        if tag == "same":
-            return False
-        if tag == "missing":
-            kind, _, ident = entity.partition(" ")
-            raise NotFound(kind, ident)
-        if tag == "stale":
-            raise StaleWrite(entity, f"attempt {expected_attempt}", f"attempt {as_str(out[1])}")
-        raise IllegalTransition(entity, as_str(out[1]), target)
-
 
 __all__ = [
     "GOAL_TRANSITIONS",
     "TASK_TRANSITIONS",
     "AlreadyExists",
+    "CorruptRecord",
     "IllegalTransition",
     "NotFound",
     "StaleWrite",

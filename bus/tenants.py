@@ -30,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
 from .keys import Keys
-from .ledger import TENANT_NAME_PATTERN, LedgerSnapshot, usd_to_micro
+from .ledger_records import TENANT_NAME_PATTERN, LedgerSnapshot
+from .prices import usd_to_micro
 from .replies import as_str, str_pairs
 from .scripts import lua
 
