@@ -37,6 +37,7 @@ from arq.worker import Worker, func
 
 from bus.connection import EmbeddedRedis, redis_settings
 from bus.keys import Keys
+from bus.retention import delete_all
 from critic.prompts import FINAL_SYSTEM, FINAL_TOOL, REVIEW_SYSTEM
 from executor.loop import SYSTEM as EXECUTOR_SYSTEM
 from llm.testing import RecordedRequest, Script, content_text, text_reply, tool_reply
@@ -101,17 +102,7 @@ class Bench:
 
     async def cleanup(self) -> int:
         """Delete every key of this run: ours and arq's job/result keys (their ids carry the prefix)."""
-        n = 0
-        for pattern in (f"{self.prefix}*", f"arq:*{self.prefix}*"):
-            batch: list[Any] = []
-            async for key in self.redis.scan_iter(match=pattern, count=1000):
-                batch.append(key)
-                if len(batch) >= 500:
-                    n += await self.redis.delete(*batch)
-                    batch = []
-            if batch:
-                n += await self.redis.delete(*batch)
-        return n
+        return await delete_all(self.redis, self.keys)
 
 
 @contextlib.asynccontextmanager

@@ -32,6 +32,7 @@ from redis.asyncio import Redis
 from bus.connection import connect
 from bus.keys import Keys
 from bus.ledger import Ledger
+from bus.retention import delete_all
 from bus.tenants import Tenants
 from llm.types import Usage
 
@@ -128,8 +129,7 @@ async def run(url: str, ops: int, levels: list[int]) -> str:
                 snap = await ledger.snapshot(goal)
                 assert snap.reserved == 0 and snap.open == 0, snap
         finally:
-            async for key in redis.scan_iter(match=f"{keys.prefix}*", count=1000):
-                await redis.delete(key)
+            await delete_all(redis, keys)
         info = await redis.info("server")
     return report(rows, where, str(info.get("redis_version", "?")), ops)
 

@@ -40,6 +40,7 @@ from bus.connection import connect
 from bus.effects import EffectRecord, SideEffects
 from bus.keys import Keys
 from bus.ledger import Ledger
+from bus.retention import delete_all
 from llm.types import Usage
 
 USAGE = Usage(input_tokens=400, output_tokens=700)
@@ -142,8 +143,7 @@ async def run(url: str, ops: int, client_counts: list[int]) -> list[str]:
                 rows.append(_row(f"{name}, guard {guard}", clients, lat, wall))
         finally:
             durability.require(redis, durability.OFF)
-            async for key in redis.scan_iter(match=f"{keys.prefix}*", count=1000):
-                await redis.delete(key)
+            await delete_all(redis, keys)
     return rows
 
 

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from arq.connections import ArqRedis
 from redis.asyncio import Redis
 
 from bench._harness import (
@@ -52,6 +51,7 @@ from bench._harness import (
     worker_env,
 )
 from bus.client import Client
+from bus.connection import RedisPool
 from llm.testing import FakeAnthropicServer
 
 ORDER = ["plan", "execute", "review", "advance", "review_goal", "replan"]
@@ -244,7 +244,7 @@ async def _client_addrs(redis: Redis) -> set[str]:
 async def run(url: str, goals: int, steps: int, poll_delay: float, detail: bool = False, width: int = 1) -> str:
     async with bench_redis(url, "roundtrips") as bench:
         where = await machine(bench.redis, bench.where)
-        client_redis = ArqRedis.from_url(bench.url, single_connection_client=True)
+        client_redis = RedisPool.from_url(bench.url, single_connection_client=True)
         with FakeAnthropicServer() as fake:
             fake.respond_with(Responder(delay=0.0))
             env = worker_env(bench, poll_delay=poll_delay, base_url=fake.base_url)

@@ -12,18 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from arq.connections import ArqRedis
-from arq.constants import result_key_prefix
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict
 
 from . import tracing
 from .approvals import AlreadyDecided, ApprovalBook, ApprovalDecision, PendingApproval
-from .connection import connect
+from .connection import connect, server_answers
 from .events import EventLog
 from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
-from .keys import Keys
+from .keys import Keys, arq_result
 from .ledger import Ledger
-from .replies import as_str
 from .schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, StoredPlan, TaskRecord
 from .store import AlreadyExists, NotFound, Store
 from .synthesis import accepted_key
@@ -139,6 +137,10 @@ class Client:
         tasks = await self.store.get_tasks(goal_id)
         return GoalStatus(goal=goal, plan=plan, tasks=list(tasks.values()))
 
+    async def ping(self) -> None:
+        """Redis answers (readiness); raises what the connection raises when it does not."""
+        await server_answers(self.redis)
+
     async def wait(self, goal_id: str, timeout: float | None = None) -> GoalRecord:
         """Block until the goal ends (succeeded, failed, cancelled, budget_exhausted).
 
@@ -148,8 +150,7 @@ class Client:
             raise ValueError(f"timeout: expected a finite number of seconds >= 0, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         # Read state after noting the stream position, so no terminal event slips between them.
-        tail = await self.redis.xrevrange(self.keys.goal_events(goal_id), count=1)
-        after: str | None = as_str(tail[0][0]) if tail else None
+        after = await self.log.last_position(goal_id)
         goal = await self.get(goal_id)
         while not goal.terminal:
             left = None if deadline is None else deadline - time.monotonic()
@@ -251,7 +252,7 @@ class Client:
             key = accepted_key(stored.plan, await self.store.get_tasks(goal_id))
             if key is not None:
                 ended_jobs.append(ReviewGoalJob(goal_id=goal_id, plan_version=version, attempts=key))
-        forget = [f"{result_key_prefix}{self.jobs.job_id(job)}" for job in ended_jobs]
+        forget = [arq_result(self.jobs.job_id(job)) for job in ended_jobs]
         target = await self.store.resume_goal(goal_id, budget_tokens, forget)
         if target is not None:
             # A plan job redoes planning, or (running) dispatches every pending task whose inputs are done.

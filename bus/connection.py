@@ -51,6 +51,18 @@ RedisError = redis.exceptions.RedisError
 RedisUnavailable = redis.exceptions.ConnectionError
 RedisTimeout = redis.exceptions.TimeoutError
 RedisRefused = redis.exceptions.ResponseError  # a command refused (e.g. a key of another type)
+# The client every process holds: arq's, which can also enqueue jobs.
+RedisPool = ArqRedis
+
+
+async def server_answers(client: RedisClient) -> None:
+    """Redis answers; raises what the connection raises when it does not."""
+    await client.ping()
+
+
+async def server_info(client: RedisClient) -> tuple[dict[str, Any], dict[str, Any]]:
+    """INFO's `replication` and `memory` sections of the server `client` talks to."""
+    return await client.info("replication"), await client.info("memory")
 
 
 SENTINEL_SCHEME = "redis+sentinel"

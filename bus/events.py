@@ -84,6 +84,12 @@ class EventLog:
         )
         return as_str(pos)
 
+    async def last_position(self, goal_id: str | None) -> str | None:
+        """The position of the newest event of the goal (None: of every goal); None when there is none."""
+        key = self.keys.global_events() if goal_id is None else self.keys.goal_events(goal_id)
+        tail = await self.redis.xrevrange(key, count=1)
+        return as_str(tail[0][0]) if tail else None
+
     async def next_position(
         self, goal_id: str, after: str | None, block_ms: int, marker: str
     ) -> tuple[str | None, bool]:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from arq.constants import in_progress_key_prefix
 from redis.asyncio import Redis
 
-from .keys import ROLES, Keys
+from .keys import ROLES, Keys, arq_in_progress
 from .replies import as_str
 
 # Dead members are kept this long, so that `taskloom health` can say when a worker was last seen.
@@ -71,7 +70,7 @@ async def oldest_waiting(redis: Redis, keys: Keys, role: str, now: int, page: in
             return None
         async with redis.pipeline(transaction=False) as pipe:
             for job_id, _ in rows:
-                pipe.exists(in_progress_key_prefix + as_str(job_id))
+                pipe.exists(arq_in_progress(as_str(job_id)))
             running = await pipe.execute()
         for (_, due), busy in zip(rows, running, strict=True):
             if not busy:

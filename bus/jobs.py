@@ -14,13 +14,12 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 from arq.connections import ArqRedis
-from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
 from arq.jobs import serialize_job
 from arq.utils import timestamp_ms
 from pydantic import BaseModel, ConfigDict, Field
 
 from .batch import ScriptCall, run_scripts
-from .keys import Keys
+from .keys import Keys, arq_in_progress, arq_job, arq_result
 from .replies import as_str
 from .schemas import GoalId, TaskId
 from .scripts import lua
@@ -141,6 +140,16 @@ PAYLOADS: dict[str, type[JobPayload]] = {
 }
 
 
+async def finished_job_ids(redis: ArqRedis, keys: Keys, goal_id: str) -> list[str]:
+    """Ids of the goal's jobs that arq keeps a result of (it keeps them for an hour by default)."""
+    found = []
+    async for raw in redis.scan_iter(match=arq_result(keys.job_id("*")), count=1000):
+        job_id = as_str(raw).removeprefix(arq_result(""))
+        if f":{goal_id}" in job_id:
+            found.append(job_id)
+    return found
+
+
 class Jobs:
     def __init__(self, redis: ArqRedis, keys: Keys) -> None:
         self.redis = redis
@@ -231,8 +240,8 @@ class Jobs:
         return ScriptCall(
             self._enqueue,
             [
-                job_key_prefix + job_id,
-                result_key_prefix + job_id,
+                arq_job(job_id),
+                arq_result(job_id),
                 self.keys.queue(job.role),
                 self.keys.drivers(goal_id) if goal_id is not None else self.keys.queue(job.role),
                 self.keys.wake(job.role),
@@ -288,7 +297,7 @@ class Jobs:
             rows.append((as_str(slot), job_id, payload))
         async with self.redis.pipeline(transaction=False) as pipe:
             for _, job_id, _ in rows:
-                pipe.exists(job_key_prefix + job_id, in_progress_key_prefix + job_id)
+                pipe.exists(arq_job(job_id), arq_in_progress(job_id))
             counts = await pipe.execute()
         return {slot: (job_id, payload, bool(n)) for (slot, job_id, payload), n in zip(rows, counts, strict=True)}
 

@@ -7,9 +7,34 @@ is `tasks(goal) + ":" + task_id`, its id set `tasks(goal) + ":ids"`), the method
 
 from __future__ import annotations
 
+import os.path
 from dataclasses import dataclass
 
+from arq.constants import health_check_key_suffix, in_progress_key_prefix, job_key_prefix, result_key_prefix
+
 ROLES = ("planner", "executor", "critic")
+
+# arq's own keys of a job, named by arq (`arq.constants`) and read here only: the job (its payload),
+# its result, and the mark of a job a worker runs. tests/test_arq_internals.py checks them against
+# what arq writes.
+ARQ_JOB = job_key_prefix
+ARQ_RESULT = result_key_prefix
+ARQ_IN_PROGRESS = in_progress_key_prefix
+# What every key arq keeps for a job starts with ("arq:" in arq 0.28): key prefixes, compared as
+# strings (not paths).
+ARQ_PREFIX = os.path.commonprefix([ARQ_JOB, ARQ_RESULT, ARQ_IN_PROGRESS])  # noqa: RUF071
+
+
+def arq_job(job_id: str) -> str:
+    return f"{ARQ_JOB}{job_id}"
+
+
+def arq_result(job_id: str) -> str:
+    return f"{ARQ_RESULT}{job_id}"
+
+
+def arq_in_progress(job_id: str) -> str:
+    return f"{ARQ_IN_PROGRESS}{job_id}"
 
 
 @dataclass(frozen=True)
@@ -31,7 +56,8 @@ class Keys:
         return f"{self.prefix}queue:{name}"
 
     def health_check(self, role: str) -> str:
-        return f"{self.queue(role)}:health-check"
+        """arq's health-check key of the role's queue (every worker of the role overwrites it)."""
+        return f"{self.queue(role)}{health_check_key_suffix}"
 
     def wake(self, role: str) -> str:
         """Stream the role's idle workers block on: one entry per enqueued job wakes them."""
@@ -44,6 +70,11 @@ class Keys:
     # -- job ids: deterministic, so enqueueing the same step twice is a no-op in arq -------------
     def job_id(self, kind: str, *parts: str | int) -> str:
         return ":".join([f"{self.prefix}job", kind, *(str(p) for p in parts)])
+
+    def patterns(self) -> tuple[str, str]:
+        """SCAN patterns of every key under this prefix: ours, and arq's keys of our jobs (whose ids
+        start with the prefix)."""
+        return f"{self.prefix}*", f"{ARQ_PREFIX}*{self.prefix}*"
 
     # -- goals --------------------------------------------------------------------------------
     def goal(self, goal_id: str) -> str:

@@ -59,6 +59,10 @@ class Expire(Renewal):
         pipe.pexpire(self.key, self.ttl_ms)
         return None
 
+    async def renew(self, redis: Redis) -> None:
+        """Renew it now, on its own."""
+        await redis.pexpire(self.key, self.ttl_ms)
+
 
 class AttemptLease(Renewal):
     """An executor attempt's lease, renewed under its epoch (a lease taken over stays lost)."""

@@ -69,6 +69,17 @@ async def goal_keys(redis: Redis, keys: Keys, goal_id: str) -> list[str]:
     return out
 
 
+async def delete_all(redis: Redis, keys: Keys) -> int:
+    """Delete every key under `keys.prefix`, arq's keys of its jobs included (on a server shared with
+    others: never FLUSHDB). Returns how many were deleted."""
+    n = 0
+    for pattern in keys.patterns():
+        batch = [k async for k in redis.scan_iter(match=pattern, count=1000)]
+        for start in range(0, len(batch), 500):
+            n += await redis.delete(*batch[start : start + 500])
+    return n
+
+
 async def purge_goal(redis: Redis, keys: Keys, goal_id: str, cutoff: float) -> bool:
     """Delete the goal's keys if it ended before `cutoff`; False if it did not (or changed meanwhile)."""
     async with redis.pipeline(transaction=True) as pipe:

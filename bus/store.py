@@ -602,9 +602,17 @@ class Store:
             for (tid, attempt), raw in zip(attempts, raws, strict=True)
         }
 
+    async def all_results(self, goal_id: str) -> list[TaskResult]:
+        """Every stored result of the goal's tasks, of every attempt (in no particular order)."""
+        raw = await self.redis.hgetall(self.keys.results(goal_id))  # type: ignore[misc]
+        key = self.keys.results(goal_id)
+        return [result_from_json(key, as_str(field), value) for field, value in raw.items()]
+
     def parse_result(self, goal_id: str, task_id: str, attempt: int, raw: bytes | str | None) -> TaskResult | None:
         """A stored result as read from the results hash (None: none stored)."""
-        return result_from_json(self.keys.results(goal_id), task_id, attempt, raw)
+        if raw is None:
+            return None
+        return result_from_json(self.keys.results(goal_id), self.keys.result_field(task_id, attempt), raw)
 
     # -- internals ----------------------------------------------------------------------------
     async def _run_transition(

@@ -70,14 +70,12 @@ def plan_from_json(key: str, raw: bytes | str) -> StoredPlan:
         raise corrupt("plan", key, exc) from None
 
 
-def result_from_json(key: str, task_id: str, attempt: int, raw: bytes | str | None) -> TaskResult | None:
-    """A result as read from the results hash at `key` (None: none stored)."""
-    if raw is None:
-        return None
+def result_from_json(key: str, field: str, raw: bytes | str) -> TaskResult:
+    """A result as read from `field` (`task_id:attempt`) of the results hash at `key`."""
     try:
         return TaskResult.model_validate_json(raw)
     except ValueError as exc:
-        raise corrupt(f"result {task_id}:{attempt}", key, exc) from None
+        raise corrupt(f"result {field}", key, exc) from None
 
 
 def transition_outcome(out: list[Any], entity: str, target: str, expected_attempt: int | None = None) -> bool:

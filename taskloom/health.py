@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from bus import fleet
-from bus.connection import RedisClient, master_address
+from bus.connection import RedisClient, master_address, server_answers, server_info
 from bus.keys import ROLES, Keys
 
 log = structlog.get_logger("taskloom.health")
@@ -83,8 +83,7 @@ class Node:
 
 async def node_of(redis: RedisClient) -> Node:
     """The server `redis` talks to (for a Sentinel-managed client: the master the Sentinels name)."""
-    replication = await redis.info("replication")
-    memory = await redis.info("memory")
+    replication, memory = await server_info(redis)
     sentinel = master_address(redis)
     if sentinel is not None:
         address = f"{sentinel[0]}:{sentinel[1]}"
@@ -133,7 +132,7 @@ class Report:
 async def check(redis: RedisClient, keys: Keys, roles: Sequence[str], host: str | None = None) -> Report:
     """Redis answers, and each of `roles` has a worker with a fresh heartbeat (on `host`, if given)."""
     try:
-        await redis.ping()
+        await server_answers(redis)
     except Exception as exc:
         return Report(redis=False, reasons=[f"cannot reach Redis: {exc}"])
     report = Report(redis=True)

@@ -28,12 +28,12 @@ from typing import Any
 
 import structlog
 from arq.connections import log_redis_info
-from arq.constants import in_progress_key_prefix
 from arq.worker import Worker
 from arq.worker import logger as arq_logger
 
 from bus import fleet
 from bus.connection import RedisError
+from bus.keys import arq_in_progress
 from bus.renewals import Expire, Renewals
 
 log = structlog.get_logger("taskloom.wake")
@@ -190,10 +190,10 @@ async def hold_job(ctx: dict[str, Any], ttl: float, renewals: Renewals | None = 
     to run twice. (In arq 0.28 the mark is `arq:in-progress:<job id>`; if it changes, jobs still
     run, just without this shortcut, and tests/test_arq_internals.py fails.)
     """
-    key = in_progress_key_prefix + str(ctx.get("job_id"))
+    mark = Expire(arq_in_progress(str(ctx.get("job_id"))), ttl)
     if renewals is not None:
         # With the process's other renewals: one pipeline per interval for all its jobs (bus.renewals).
-        async with renewals.hold(Expire(key, ttl)):
+        async with renewals.hold(mark):
             await asyncio.Event().wait()
     redis = ctx["redis"]
     while True:
@@ -201,4 +201,4 @@ async def hold_job(ctx: dict[str, Any], ttl: float, renewals: Renewals | None = 
         # renewal is due a third of the way through (most jobs end before it, and send none).
         await asyncio.sleep(ttl / 3)
         with contextlib.suppress(Exception):  # a missed renewal only risks an early duplicate run
-            await redis.pexpire(key, int(ttl * 1000))
+            await mark.renew(redis)

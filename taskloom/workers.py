@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import structlog
-from arq.connections import ArqRedis
 from arq.worker import Function, Retry, Worker, func
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
@@ -39,7 +38,7 @@ import executor.handlers as executor
 import planner.handlers as planner
 from bus import fleet
 from bus.breaker import Breaker, BreakerPolicy
-from bus.connection import connect
+from bus.connection import RedisPool, connect
 from bus.events import EventLog
 from bus.jobs import JobPayload, parse_payload
 from bus.keys import ROLES
@@ -121,7 +120,7 @@ def load_tools(settings: Settings, with_mcp: bool = True) -> Catalog:
     return Catalog(sources)
 
 
-def make_ledger(settings: Settings, redis: ArqRedis) -> Ledger:
+def make_ledger(settings: Settings, redis: RedisPool) -> Ledger:
     return Ledger(
         redis,
         keys_for(settings),
@@ -358,7 +357,7 @@ def worker_settings(
 
 
 def build_runtime(
-    settings: Settings, redis: ArqRedis, model: ModelPort | ModelRouter, registry: ToolRegistry | Catalog
+    settings: Settings, redis: RedisPool, model: ModelPort | ModelRouter, registry: ToolRegistry | Catalog
 ) -> Runtime:
     """`model`: one model for every role and goal (tests), or the router of `make_models`."""
     ledger = make_ledger(settings, redis)
@@ -398,7 +397,7 @@ def build_runtime(
 def build_workers(
     roles: Sequence[str],
     settings: Settings,
-    redis: ArqRedis,
+    redis: RedisPool,
     model: ModelPort | ModelRouter,
     registry: ToolRegistry | Catalog,
     burst: bool = False,
@@ -516,7 +515,7 @@ def _signals_set(stop: asyncio.Event, signals: bool) -> Iterator[None]:
 async def _run_fleet(
     roles: Sequence[str],
     settings: Settings,
-    redis: ArqRedis,
+    redis: RedisPool,
     model: ModelPort | ModelRouter,
     catalog: Catalog,
     burst: bool,
@@ -564,7 +563,7 @@ async def _run_fleet(
 def _background(
     runtime: Runtime,
     settings: Settings,
-    redis: ArqRedis,
+    redis: RedisPool,
     roles: Sequence[str],
     instance: str,
     burst: bool,

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from fnmatch import fnmatchcase
 
 import arq
 import arq.jobs
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
+from arq.jobs import Job, JobStatus
 from arq.worker import Worker
 
+from bus.keys import Keys, arq_in_progress, arq_job, arq_result
 from taskloom.wake import ARQ_JOB_LINES
 
 # sha256 (first 16 hex digits) of the source of the arq 0.28.0 methods taskloom.wake copies or calls.
@@ -75,3 +78,31 @@ def test_the_per_job_log_lines_wake_filters_are_arqs() -> None:
     source = inspect.getsource(Worker.run_job)
     for fmt in ARQ_JOB_LINES:
         assert repr(fmt) in source or f"'{fmt}'" in source, f"run_job no longer logs {fmt!r}"
+
+
+async def _noop(ctx: dict[str, object]) -> None:
+    return None
+
+
+async def test_the_arq_keys_bus_names_are_the_keys_arq_writes_and_reads(redis: ArqRedis, keys: Keys) -> None:
+    """`bus.keys` reads arq's key formats from `arq.constants`, in that one place. Checked against arq
+    itself: its enqueue writes `arq_job`, its job status reads `arq_in_progress` and `arq_result`, its
+    worker's health check is `Keys.health_check`, and `Keys.patterns` (the clean-up's SCAN) finds
+    arq's keys of our jobs. A rename in arq fails here instead of leaving keys nobody reads."""
+    queue = keys.queue("planner")
+    job_id = keys.job_id("probe", 1)
+    try:
+        assert await redis.enqueue_job("probe", _job_id=job_id, _queue_name=queue) is not None
+        assert await redis.exists(arq_job(job_id)) == 1
+        job = Job(job_id, redis, _queue_name=queue)
+        assert await job.status() is JobStatus.queued
+        await redis.set(arq_in_progress(job_id), b"1", px=10_000)
+        assert await job.status() is JobStatus.in_progress
+        await redis.set(arq_result(job_id), b"r", px=10_000)
+        assert await job.status() is JobStatus.complete
+        worker = Worker([_noop], redis_pool=redis, queue_name=queue, handle_signals=False)
+        assert worker.health_check_key == keys.health_check("planner")
+        for key in (arq_job(job_id), arq_result(job_id), arq_in_progress(job_id)):
+            assert any(fnmatchcase(key, pattern) for pattern in keys.patterns()), key
+    finally:
+        await redis.delete(queue, arq_job(job_id), arq_result(job_id), arq_in_progress(job_id))

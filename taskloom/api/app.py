@@ -36,8 +36,7 @@ from bus.client import Client
 from bus.connection import UNREACHABLE
 from bus.goal_index import BadCursor, GoalIndex
 from bus.ledger import LedgerNotFound, LedgerSnapshot
-from bus.replies import as_str
-from bus.schemas import GOAL_ID_PATTERN, Event, GoalState, TaskResult
+from bus.schemas import GOAL_ID_PATTERN, Event, GoalState
 from bus.store import AlreadyExists, IllegalTransition, NotFound
 from bus.tenants import TenantView
 from planner.dag import render_json, render_mermaid
@@ -613,8 +612,7 @@ def create_app(
         """Every goal's events, live (the console's goals table follows this); never ends."""
         start = _position(last_event_id, "Last-Event-ID") or (after if after == "$" else _position(after, "after"))
         if start == "$":
-            tail = await client().redis.xrevrange(client().keys.global_events(), count=1)
-            start = as_str(tail[0][0]) if tail else "0-0"
+            start = await client().log.last_position(None) or "0-0"
         return _sse(_follow(client(), None, start), app.state.draining)
 
     # -- approvals ----------------------------------------------------------------------------
@@ -721,7 +719,7 @@ def create_app(
         worker: 503 otherwise."""
         reasons: list[str] = []
         try:
-            await asyncio.wait_for(client().redis.ping(), 2)
+            await asyncio.wait_for(client().ping(), 2)
             if config.ready_requires_workers:
                 fleet = await asyncio.wait_for(_fleet(client()), 2)
                 reasons = [f"no live {r.role} worker" for r in fleet.roles if not r.live_workers]
@@ -841,8 +839,7 @@ async def _attempts(c: Client, goal_id: str) -> m.AttemptsOut:
         for v in range(1, goal.plan_version + 1):
             with contextlib.suppress(NotFound):
                 titles.update({t.id: t.title for t in (await c.store.get_plan(goal_id, v)).plan.tasks})
-    raw = await c.redis.hgetall(c.keys.results(goal_id))  # type: ignore[misc]
-    results = [TaskResult.model_validate_json(v) for v in raw.values()]
+    results = await c.store.all_results(goal_id)
     verdicts: dict[tuple[str, int], m.Verdict] = {}
     for e in await c.log.read(goal_id, count=100_000):
         if e.type == "critic.verdict" and e.task_id and "attempt" in e.data:

@@ -24,11 +24,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from arq.connections import ArqRedis
-
 from bus.client import Client
-from bus.connection import connect
-from bus.keys import ROLES
+from bus.connection import RedisPool, connect
+from bus.keys import ROLES, Keys
+from bus.retention import delete_all
 from bus.schemas import GoalRecord
 from llm.cassette import CassetteMiss
 from llm.port import ModelPort
@@ -213,17 +212,14 @@ def jobs_for(cases: Sequence[Case], model: str, alias: str | None, repeat: int) 
     return [Job(case, n, model, alias) for n in range(1, repeat + 1) for case in cases]
 
 
-async def _forget(redis: ArqRedis, prefix: str) -> None:
+async def _forget(redis: RedisPool, prefix: str) -> None:
     """Delete a local eval fleet's keys, and arq's job and result keys (their ids start with the prefix)."""
-    for pattern in (f"{prefix}*", f"arq:*{prefix}*"):
-        batch = [k async for k in redis.scan_iter(match=pattern, count=1000)]
-        for start in range(0, len(batch), 500):
-            await redis.delete(*batch[start : start + 500])
+    await delete_all(redis, Keys(prefix=prefix))
 
 
 @contextlib.asynccontextmanager
 async def judging(
-    settings: Settings, redis: ArqRedis, name: str | None, port: ModelPort | None = None
+    settings: Settings, redis: RedisPool, name: str | None, port: ModelPort | None = None
 ) -> AsyncIterator[Judge | None]:
     """The judge of rubrics (None when `name` is None): `port` when given (a replay), else the model
     `name` as this process's settings build it (a missing key is said now, before any goal runs)."""

@@ -14,10 +14,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from arq.connections import ArqRedis, create_pool
+from arq.connections import create_pool
 
-from bus.connection import redis_settings
+from bus.connection import RedisPool, redis_settings
 from bus.keys import Keys
+from bus.retention import delete_all
 
 INSTALL_HINT = "pip install 'taskloom[testing]'"
 
@@ -39,13 +40,13 @@ def new_fake_server() -> Any:
     return fakeredis.FakeServer()
 
 
-def fake_redis(server: Any = None) -> ArqRedis:
+def fake_redis(server: Any = None) -> RedisPool:
     """An arq Redis client on a fakeredis server (a new empty one unless `server` is given)."""
     import fakeredis
 
     server = server if server is not None else new_fake_server()
-    # arq's ArqRedis on fakeredis' connection pool: the same client class production uses.
-    return ArqRedis(connection_pool=fakeredis.FakeAsyncRedis(server=server).connection_pool)
+    # arq's client on fakeredis' connection pool: the same client class production uses.
+    return RedisPool(connection_pool=fakeredis.FakeAsyncRedis(server=server).connection_pool)
 
 
 def unique_prefix() -> str:
@@ -81,7 +82,7 @@ class TestRedis:
         return self.url is None
 
     @contextlib.asynccontextmanager
-    async def connect(self) -> AsyncIterator[ArqRedis]:
+    async def connect(self) -> AsyncIterator[RedisPool]:
         redis = fake_redis(self.server) if self.url is None else await create_pool(redis_settings(self.url))
         try:
             yield redis
@@ -89,7 +90,7 @@ class TestRedis:
             await redis.aclose(close_connection_pool=True)
 
     def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
-        if name.startswith("_") or not callable(getattr(ArqRedis, name, None)):
+        if name.startswith("_") or not callable(getattr(RedisPool, name, None)):
             raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
         async def command(*args: Any, **kwargs: Any) -> Any:
@@ -101,9 +102,5 @@ class TestRedis:
     async def clear(self) -> int:
         """Delete every key of this prefix, arq's job and result keys included (on a real server
         shared with others: never FLUSHDB). Returns how many were deleted."""
-        n = 0
         async with self.connect() as redis:
-            for pattern in (f"{self.prefix}*", f"arq:*{self.prefix}*"):
-                async for key in redis.scan_iter(match=pattern, count=1000):
-                    n += await redis.delete(key)
-        return n
+            return await delete_all(redis, Keys(prefix=self.prefix))

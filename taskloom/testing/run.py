@@ -21,16 +21,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from arq.connections import ArqRedis
-from arq.constants import result_key_prefix
 from arq.jobs import Job
 from arq.worker import Worker
 
+from bus import fleet
 from bus.attempts import AttemptStore, StepRecord
 from bus.client import Client
+from bus.connection import RedisPool
+from bus.jobs import finished_job_ids
 from bus.keys import ROLES, Keys
 from bus.ledger import Ledger, LedgerNotFound, LedgerSnapshot
-from bus.replies import as_str
 from bus.runtime import Runtime
 from bus.schemas import Event, Goal, GoalRecord, GoalState, StoredPlan, TaskRecord, TaskResult
 from executor.demo_tools import support
@@ -174,12 +174,9 @@ def as_registry(tools: Tools, settings: Settings, model: ModelPort) -> ToolRegis
     return ToolRegistry(list(tools))
 
 
-async def _failed_jobs(redis: ArqRedis, keys: Keys, goal_id: str) -> list[FailedJob]:
+async def _failed_jobs(redis: RedisPool, keys: Keys, goal_id: str) -> list[FailedJob]:
     failed = []
-    async for raw in redis.scan_iter(match=f"{result_key_prefix}{keys.job_id('*')}", count=1000):
-        job_id = as_str(raw).removeprefix(result_key_prefix)
-        if f":{goal_id}" not in job_id:
-            continue
+    for job_id in await finished_job_ids(redis, keys, goal_id):
         info = await Job(job_id, redis).result_info()
         if info is not None and not info.success:
             error = info.result if isinstance(info.result, BaseException) else None
@@ -187,7 +184,7 @@ async def _failed_jobs(redis: ArqRedis, keys: Keys, goal_id: str) -> list[Failed
     return failed
 
 
-async def collect(redis: ArqRedis, keys: Keys, goal_id: str, seconds: float = 0.0) -> RunResult:
+async def collect(redis: RedisPool, keys: Keys, goal_id: str, seconds: float = 0.0) -> RunResult:
     """Read everything about `goal_id` back from Redis (whoever ran it: this process or real workers)."""
     client = Client(redis, keys, default_budget_tokens=1)
     goal = await client.get(goal_id)
@@ -266,7 +263,7 @@ class InProcessFleet:
         tools: Tools = None,
         model: ModelPort | None = None,
         settings: Settings | None = None,
-        redis: ArqRedis | None = None,
+        redis: RedisPool | None = None,
     ) -> None:
         self.model: ModelPort = model if model is not None else DemoModel(latency=0)
         if settings is None:
@@ -279,7 +276,7 @@ class InProcessFleet:
         self.settings = settings
         self.registry = as_registry(tools, self.settings, self.model)
         self._given_redis = redis
-        self.redis: ArqRedis | None = None
+        self.redis: RedisPool | None = None
         self.runtime: Runtime | None = None
         self.client: Client | None = None
         self.workers: list[Worker] = []
@@ -305,11 +302,11 @@ class InProcessFleet:
             # Jobs still running here belong to a run that failed or timed out: do not wait long for them.
             await _shutdown(self.workers, self._mains, [], SHUTDOWN_GRACE)
             if self.runtime is not None and self.redis is not None:
-                await self.redis.delete(*(self.runtime.keys.health_check(r) for r in ROLES))
+                await fleet.clear_health_checks(self.redis, self.runtime.keys, ROLES)
         finally:
             await self._stack.aclose()
 
-    def _ready(self) -> tuple[ArqRedis, Keys, Client]:
+    def _ready(self) -> tuple[RedisPool, Keys, Client]:
         if self.redis is None or self.runtime is None or self.client is None:
             raise RuntimeError("use the fleet inside `async with InProcessFleet(...) as fleet:`")
         return self.redis, self.runtime.keys, self.client
@@ -323,10 +320,7 @@ class InProcessFleet:
         redis, keys, _ = self._ready()
         if any(not t.done() for w in self.workers for t in w.tasks.values()):
             return False  # known without asking Redis
-        for role in ROLES:
-            if await redis.zcard(keys.queue(role)):
-                return False
-        return True
+        return not any((await fleet.queue_depths(redis, keys)).values())
 
     async def settle(self, goal_id: str, timeout: float = DEFAULT_TIMEOUT, *, check: bool = True) -> RunResult:
         """Wait until nothing is left to do, then read the run back.
@@ -377,7 +371,7 @@ async def run_goal(
     tools: Tools = None,
     model: ModelPort | None = None,
     settings: Settings | None = None,
-    redis: ArqRedis | None = None,
+    redis: RedisPool | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     check: bool = True,
 ) -> RunResult:
