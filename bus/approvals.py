@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
@@ -38,10 +38,11 @@ _DECIDE = lua("approvals_decide")
 class AlreadyDecided(NotFound):
     """The call was decided before: its request is gone and the first decision stands."""
 
-    def __init__(self, goal_id: str, call_id: str, decision: str) -> None:
+    def __init__(self, goal_id: str, call_id: str, decision: ApprovalDecision) -> None:
         super().__init__("pending approval request", f"{goal_id}/{call_id}")
-        verdict = decision.split(":", 1)[0]
-        self.args = (f"pending approval request '{goal_id}/{call_id}' not found: it was already decided ({verdict})",)
+        self.args = (
+            f"pending approval request '{goal_id}/{call_id}' not found: it was already decided ({decision.verdict})",
+        )
         self.goal_id = goal_id
         self.call_id = call_id
         self.decision = decision
@@ -91,7 +92,12 @@ class ApprovalDecision(BaseModel):
     approved: bool
     reason: str = ""
 
+    @property
+    def verdict(self) -> Literal["approved", "denied"]:
+        return "approved" if self.approved else "denied"
+
     def encode(self) -> str:
+        """The stored form: `approved`, or `denied:<reason>`."""
         return _APPROVED if self.approved else f"{_DENIED}{self.reason}"
 
     @classmethod
@@ -180,23 +186,18 @@ class ApprovalBook:
                     )
         return found
 
-    async def decision(self, goal_id: str, call_id: str) -> str | None:
-        """The stored form of the call's decision (`ApprovalDecision.encode`), None if undecided."""
+    async def decision(self, goal_id: str, call_id: str) -> ApprovalDecision | None:
+        """The call's decision, None if undecided."""
         raw = await self.redis.hget(self.keys.approvals(goal_id), call_id)  # type: ignore[misc]
-        return None if raw is None else as_str(raw)
+        return None if raw is None else ApprovalDecision.decode(as_str(raw))
 
-    async def decided(self, goal_id: str, call_id: str) -> ApprovalDecision | None:
-        """The call's decision as a record, None if undecided."""
-        raw = await self.decision(goal_id, call_id)
-        return None if raw is None else ApprovalDecision.decode(raw)
-
-    async def requests(self, goal_id: str) -> dict[str, dict[str, Any]]:
+    async def requests(self, goal_id: str) -> dict[str, ApprovalRequest]:
         """The goal's calls awaiting a decision, by call id."""
         key = self.keys.approval_requests(goal_id)
         raw = await self.redis.hgetall(key)  # type: ignore[misc]
         try:
-            return {as_str(k): dict(json.loads(v)) for k, v in raw.items()}
-        except (ValueError, TypeError) as exc:
+            return {as_str(k): ApprovalRequest.model_validate_json(v) for k, v in raw.items()}
+        except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
             raise ev.CorruptRecord("approval request", key, ev.first_error(exc)) from None
 
     async def waiting_tasks(self, goal_id: str) -> set[str]:
@@ -211,14 +212,14 @@ class ApprovalBook:
                 continue
         return waiting
 
-    async def decide(self, goal_id: str, call_id: str, decision: str, event: Event) -> str:
+    async def decide(self, goal_id: str, call_id: str, decision: ApprovalDecision, event: Event) -> str:
         """Store the decision, take the call out of the inbox and emit `event`, in one step.
 
         Returns `ok`, `decided` (the first decision stands; nothing written) or `missing`.
         """
         out = await self._decide(
             keys=self._keys(goal_id),
-            args=[call_id, decision, member(goal_id, call_id), ev.encode(event), self.maxlen],
+            args=[call_id, decision.encode(), member(goal_id, call_id), ev.encode(event), self.maxlen],
         )
         return as_str(out)
 

@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ConfigDict
 
 from . import tracing
-from .approvals import AlreadyDecided, ApprovalBook, ApprovalDecision, PendingApproval
+from .approvals import AlreadyDecided, ApprovalBook, ApprovalDecision, ApprovalRequest, PendingApproval
 from .connection import connect, server_answers
 from .events import EventLog
 from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
@@ -259,13 +259,13 @@ class Client:
             await self.jobs.enqueue(PlanJob(goal_id=goal_id, redrive=int(time.time() * 1000)))
         return await self.get(goal_id)
 
-    async def approvals(self, goal_id: str) -> dict[str, dict[str, Any]]:
+    async def approvals(self, goal_id: str) -> dict[str, ApprovalRequest]:
         """Tool calls of this goal waiting for a person's decision, by call id."""
         await self.get(goal_id)
         return await self.approval_book.requests(goal_id)
 
-    async def decision(self, goal_id: str, call_id: str) -> str | None:
-        """The decision recorded for a tool call: "approved", "denied:<reason>", or None if undecided."""
+    async def decision(self, goal_id: str, call_id: str) -> ApprovalDecision | None:
+        """The decision recorded for a tool call, None if undecided."""
         return await self.approval_book.decision(goal_id, call_id)
 
     async def pending_approvals(self, limit: int = 100, goal_id: str | None = None) -> list[PendingApproval]:
@@ -289,11 +289,11 @@ class Client:
             if decided is not None:
                 raise AlreadyDecided(goal_id, call_id, decided)
             raise NotFound("approval request", f"{goal_id}/{call_id}")
-        decision = ApprovalDecision(approved=approved, reason=reason).encode()
+        decision = ApprovalDecision(approved=approved, reason=reason)
         event = Event(
             type="tool.approval_decided",
             goal_id=goal_id,
-            task_id=req["task_id"],
+            task_id=req.task_id,
             data={"call_id": call_id, "approved": approved, "reason": reason, "by": by},
         )
         outcome = await self.approval_book.decide(goal_id, call_id, decision, event)
@@ -303,7 +303,7 @@ class Client:
             raise NotFound("approval request", f"{goal_id}/{call_id}")
         # A new job id per decision: the attempt resumes from its stored steps.
         await self.jobs.enqueue(
-            ExecuteJob(goal_id=goal_id, task_id=req["task_id"], attempt=req["attempt"], resume=int(time.time() * 1000))
+            ExecuteJob(goal_id=goal_id, task_id=req.task_id, attempt=req.attempt, resume=int(time.time() * 1000))
         )
         return True
 

@@ -36,7 +36,7 @@ try:  # typer >= 0.22 vendors click; its usage errors are these classes, not the
 except ImportError:  # pragma: no cover - older typer on the real click
     from click import exceptions as cli_errors  # type: ignore[no-redef]
 
-from bus.approvals import AlreadyDecided
+from bus.approvals import AlreadyDecided, ApprovalDecision, ApprovalRequest
 from bus.client import Client, GoalStatus, WaitTimeout
 from bus.connection import EmbeddedRedisError, RedisRefused, RedisTimeout, RedisUnavailable
 from bus.keys import ROLES
@@ -398,13 +398,13 @@ def _check_tools(names: list[str], settings: Settings) -> None:
 
 
 def _status_json(
-    s: GoalStatus, approvals: dict[str, dict[str, Any]], served: dict[str, str] | None = None
+    s: GoalStatus, approvals: dict[str, ApprovalRequest], served: dict[str, str] | None = None
 ) -> dict[str, Any]:
     return {
         **s.goal.model_dump(mode="json"),
         "plan": s.plan.model_dump(mode="json") if s.plan else None,
         "tasks": [t.model_dump(mode="json") for t in s.tasks],
-        "awaiting_approval": [{"call_id": cid, **req} for cid, req in approvals.items()],
+        "awaiting_approval": [{"call_id": cid, **req.model_dump(mode="json")} for cid, req in approvals.items()],
         "models": served or {},
     }
 
@@ -414,7 +414,7 @@ def status(goal_id: str, as_json: JsonOpt = False) -> None:
     """Show a goal: its state, answer, plan version, every task's state, the model each role's calls
     went to, and the calls awaiting approval."""
 
-    async def go(c: Client) -> tuple[GoalStatus, dict[str, dict[str, Any]], dict[str, str]]:
+    async def go(c: Client) -> tuple[GoalStatus, dict[str, ApprovalRequest], dict[str, str]]:
         s, approvals = await c.status(goal_id), await c.approvals(goal_id)
         try:
             served = (await c.ledger.snapshot(goal_id)).served_by
@@ -443,17 +443,16 @@ def status(goal_id: str, as_json: JsonOpt = False) -> None:
             table.add_row(line(t.task_id), t.state.value, str(t.attempt), line(t.reason or ""))
         out.print(table)
     for call_id, req in approvals.items():
-        args = json.dumps(req.get("input"), default=str)
+        args = json.dumps(req.input, default=str)
         show(
             ("awaiting approval: ", "bold magenta"),
-            f"{call_id}  {req.get('tool')}({args[:200]})  task {req.get('task_id')}",
+            f"{call_id}  {req.tool}({args[:200]})  task {req.task_id}",
             f"  -> taskloom approve {g.id} {call_id}  |  taskloom deny {g.id} {call_id} --reason ...",
         )
-        for e in req.get("earlier") or []:  # what this task's earlier calls of the tool already did
-            before = json.dumps(e.get("input"), default=str)[:120]
-            result = " ".join(str(e.get("result", "")).split())[:200]
-            attempt, outcome = e.get("attempt"), e.get("outcome")
-            show(f"    earlier, attempt {attempt}: {req.get('tool')}({before}) -> {outcome}: {result}")
+        for e in req.earlier:  # what this task's earlier calls of the tool already did
+            before = json.dumps(e.input, default=str)[:120]
+            result = " ".join(e.result.split())[:200]
+            show(f"    earlier, attempt {e.attempt}: {req.tool}({before}) -> {e.outcome}: {result}")
     if g.answer:
         show("\n", ("answer", "bold"), "\n", g.answer)
 
@@ -900,7 +899,7 @@ def _who() -> str:
 
 
 def _decide(goal_id: str, call_id: str, approved: bool, reason: str, as_json: bool) -> None:
-    async def go(c: Client) -> tuple[bool, str | None]:
+    async def go(c: Client) -> tuple[bool, ApprovalDecision | None]:
         try:
             first = await c.decide(goal_id, call_id, approved, reason, by=_who())
         except AlreadyDecided as exc:  # idempotent: the first decision stands
@@ -909,7 +908,7 @@ def _decide(goal_id: str, call_id: str, approved: bool, reason: str, as_json: bo
 
     first, decision = _with_client(go)
     verb = "approved" if approved else "denied"
-    before = "approved" if decision == "approved" else "denied"
+    before = "approved" if decision is not None and decision.approved else "denied"
     if as_json:
         _print_json(
             {"goal_id": goal_id, "call_id": call_id, "approved": approved, "first_decision": first, "decision": before}

@@ -72,9 +72,9 @@ def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) ->
         try:
             first = await guarded(client.decide(goal_id, call_id, approved, reason, by="mcp"))
         except AlreadyDecided as exc:
-            return False, exc.decision.split(":", 1)[0]
+            return False, exc.decision.verdict
         decided = await client.decision(goal_id, call_id)
-        return first, decided.split(":", 1)[0] if decided else None
+        return first, decided.verdict if decided else None
 
     @server.tool(annotations=READ)
     async def goal_status(goal_id: str) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) ->
             "reason": goal.reason,
             "plan_version": goal.plan_version,
             "tasks": [{"task_id": t.task_id, "state": t.state.value, "attempt": t.attempt} for t in status.tasks],
-            "approvals": approvals,
+            "approvals": {cid: req.model_dump(mode="json") for cid, req in approvals.items()},
         }
 
     @server.tool(annotations=READ)

@@ -28,9 +28,9 @@ async def test_the_stored_request_and_decision_read_back_as_records(redis: ArqRe
     assert (stored.task_id, stored.attempt, stored.tool, stored.input) == ("t1", 2, "refund", {"id": "A1"})
     denied = ApprovalDecision(approved=False, reason="no")
     decided = Event(type="tool.approval_decided", goal_id="g1", task_id="t1", data={"call_id": "c1"})
-    assert await book.decide("g1", "c1", denied.encode(), decided) == "ok"
-    assert await book.decide("g1", "c1", ApprovalDecision(approved=True).encode(), decided) == "decided"
-    assert await book.decided("g1", "c1") == denied
+    assert await book.decide("g1", "c1", denied, decided) == "ok"
+    assert await book.decide("g1", "c1", ApprovalDecision(approved=True), decided) == "decided"
+    assert await book.decision("g1", "c1") == denied
     assert await book.requests("g1") == {}
 
 
@@ -45,6 +45,6 @@ async def test_a_request_keeps_the_earlier_calls_it_was_given_and_the_inbox_show
     earlier = [EarlierCall(attempt=1, call_id="c0", input={"id": "A1"}, outcome="ok", result="refunded A1")]
     event = Event(type="tool.approval_requested", goal_id="g1", task_id="t1", data={"call_id": "c1"})
     assert await book.request("g1", "c1", "t1", 2, "refund", {"id": "A2"}, event, earlier)
-    assert (await book.requests("g1"))["c1"]["earlier"] == [e.model_dump() for e in earlier]
+    assert (await book.requests("g1"))["c1"].earlier == earlier
     [pending] = await book.pending(goal_id="g1")
     assert pending.earlier == earlier

@@ -12,7 +12,7 @@ import pytest
 import toolkits_for_tests as tk
 from arq.connections import ArqRedis
 
-from bus.approvals import AlreadyDecided
+from bus.approvals import AlreadyDecided, ApprovalDecision, EarlierCall
 from bus.attempts import AttemptStore, LeaseLost
 from bus.client import Client
 from bus.jobs import ExecuteJob, ReviewJob
@@ -241,12 +241,12 @@ async def test_approval_pauses_the_task_and_a_denial_reaches_the_model(
     assert task.state is TaskState.WAITING_APPROVAL
     pending = await env.client.approvals(env.goal_id)
     (call_id,) = pending
-    assert pending[call_id]["tool"] == "wipe" and pending[call_id]["input"] == {"target": "prod"}
+    assert pending[call_id].tool == "wipe" and pending[call_id].input == {"target": "prod"}
     assert await env.client.decide(env.goal_id, call_id, approved=False, reason="not on a Friday")
     # decided already: nothing changes (AlreadyDecided names it), the denial stands and can be read back
     with pytest.raises(AlreadyDecided):
         await env.client.decide(env.goal_id, call_id, approved=True)
-    assert await env.client.decision(env.goal_id, call_id) == "denied:not on a Friday"
+    assert await env.client.decision(env.goal_id, call_id) == ApprovalDecision(approved=False, reason="not on a Friday")
     with pytest.raises(NotFound):  # a call that never asked for approval
         await env.client.decide(env.goal_id, "toolu_never_asked", approved=True)
     resume = ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1, resume=1)
@@ -565,22 +565,16 @@ async def test_an_approval_request_carries_the_earlier_calls_of_its_tool_in_the_
     fake.enqueue(a1, text_reply("done"), a2)
     await run_paused(env)
     (first,) = await env.client.approvals(env.goal_id)
-    assert (await env.client.approvals(env.goal_id))[first]["earlier"] == []
+    assert (await env.client.approvals(env.goal_id))[first].earlier == []
     assert await env.client.decide(env.goal_id, first, approved=True)
     await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=1, resume=1), REGISTRY)
     await retry_task(env)
     await execute(env.rt, ExecuteJob(goal_id=env.goal_id, task_id="t1", attempt=2), REGISTRY)
     assert (await env.rt.store.get_task(env.goal_id, "t1")).state is TaskState.WAITING_APPROVAL
     (request,) = (await env.client.approvals(env.goal_id)).values()
-    assert request["input"] == {"order": "A2"}
-    [earlier] = request["earlier"]
-    assert earlier == {
-        "attempt": 1,
-        "call_id": first,
-        "input": {"order": "A1"},
-        "outcome": "ok",
-        "result": "refunded A1",
-    }
+    assert request.input == {"order": "A2"}
+    [earlier] = request.earlier
+    assert earlier == EarlierCall(attempt=1, call_id=first, input={"order": "A1"}, outcome="ok", result="refunded A1")
     [pending] = await env.client.pending_approvals(goal_id=env.goal_id)
     assert [(e.attempt, e.outcome) for e in pending.earlier] == [(1, "ok")]
     status = run_cli("status", env.goal_id, env=subprocess_env)

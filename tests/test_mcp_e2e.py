@@ -119,7 +119,7 @@ async def test_a_goal_on_mcp_tools_only_with_approval_audit_and_crash_safety(
 
             await eventually(asked, timeout=60, every=0.1)
             [(call_id, request)] = (await client.approvals(gid)).items()
-            assert request["tool"] == "pay.issue_refund"
+            assert request.tool == "pay.issue_refund"
             assert (await client.store.get_tasks(gid))["refund"].state is TaskState.WAITING_APPROVAL
             assert not [line for line in mcp_log(pay_log) if line["tool"] == "issue_refund"]  # not before approval
             assert await client.decide(gid, call_id, approved=True)
@@ -236,7 +236,7 @@ async def test_an_approved_mcp_refund_is_replayed_in_the_critics_retry_and_a_fai
 
             await eventually(asked, timeout=60, every=0.1)
             [(call_id, request)] = (await client.approvals(gid)).items()
-            assert request["tool"] == "desk.issue_refund" and request["earlier"] == []
+            assert request.tool == "desk.issue_refund" and request.earlier == []
             assert await client.decide(gid, call_id, approved=True)
             goal = await client.wait(gid, timeout=90)
             events = [e async for e in client.events(gid, follow=False)]

@@ -44,7 +44,7 @@ class RedisApprovals(Approvals):
         self.goal_id = goal_id
 
     async def decision(self, call_id: str) -> ApprovalDecision | None:
-        return await self.book.decided(self.goal_id, call_id)
+        return await self.book.decision(self.goal_id, call_id)
 
     async def request(self, call: ToolUseBlock, ctx: ToolContext) -> None:
         earlier = await self.book.earlier_calls(ctx.goal_id, ctx.task_id, ctx.attempt, call.name)
