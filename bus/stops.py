@@ -1,9 +1,9 @@
 """Why a task attempt stopped: one enum, with each reason's meaning and the critic's feedback side
-by side. The stored form (`TaskResult.stop_reason`) is the enum's value, as it was before.
+by side. The stored form (`TaskResult.stop_reason`) is the enum's value.
 
-Adding a stop condition touches this table and the code that detects it (`executor.policy` or
-`executor.loop`), nothing else: the critic reads its feedback here (docs/internals.md shows an
-example).
+Adding a stop condition touches this table and the pure decision that detects it (`executor.policy`:
+`stop_before_call`, `classify` for a model reply, `stop_after_tools`), nothing else: the loop acts on
+any member, and the critic reads its feedback here (docs/internals.md shows an example).
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ class TaskStop(StrEnum):
     MAX_TOKENS = "max_tokens"
     REFUSAL = "refusal"
     CANCELLED = "cancelled"
-    ERROR = "error"
+    CONTEXT_FULL = "context_full"
+
+    @classmethod
+    def _missing_(cls, value: object) -> TaskStop | None:
+        # Results stored under the name this reason had before carry "error".
+        return cls.CONTEXT_FULL if value == "error" else None
 
 
 @dataclass(frozen=True)
@@ -55,9 +60,10 @@ STOPS: dict[TaskStop, StopInfo] = {
         "the model refused", "the previous attempt was refused by the model; rephrase the work within policy"
     ),
     TaskStop.CANCELLED: StopInfo("the task was cancelled or superseded", None),
-    TaskStop.ERROR: StopInfo(
-        "the attempt cannot go on (the conversation no longer fits the context window)",
-        "the previous attempt stopped on an error",
+    TaskStop.CONTEXT_FULL: StopInfo(
+        "the conversation no longer fits the model's context window",
+        "the previous attempt's conversation outgrew the model's context window; "
+        "ask tools for less output and answer in fewer steps",
     ),
 }
 

@@ -19,7 +19,7 @@ from bus.stops import TaskStop, critic_feedback
 
 Action = Literal["accept", "retry", "replan"]
 
-# Why an attempt stopped, in words the next attempt (and an operator) can act on.
+
 def check_result(result: TaskResult, spec: TaskSpec) -> Verdict | None:
     """A failing verdict when the result cannot pass whatever a model thinks of it; None otherwise."""
     if result.stop_reason != TaskStop.ANSWERED:

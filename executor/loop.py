@@ -218,14 +218,8 @@ class Loop:
         outcomes: list[ToolOutcome] = []
         notes: list[str] = []
         end: tuple[TaskStop, str] | None = None
-        if action == "answer":
-            end = (TaskStop.ANSWERED, response.text)
-        elif action == "stop_max_tokens":
-            end = (TaskStop.MAX_TOKENS, response.text)
-        elif action == "stop_refusal":
-            end = (TaskStop.REFUSAL, response.text)
-        elif action == "stop_context":
-            end = (TaskStop.ERROR, "the conversation no longer fits the model's context window")
+        if isinstance(action, TaskStop):
+            end = (action, policy.stop_answer(action, response))
         elif action == "nudge_brevity":
             reply, notes = Message.user(policy.BREVITY_NUDGE), ["brevity"]
         elif action == "nudge_use_tools":

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bus.attempts import ToolOutcome
-from bus.stops import TaskStop
+from bus.stops import STOPS, TaskStop
 from llm.types import ContentBlock, Message, ModelResponse, ToolResultBlock
 
 BREVITY_NUDGE = "Your reply was cut off at the token limit. Answer again, much more briefly."
@@ -41,16 +41,15 @@ def stop_before_call(
     return None
 
 
-Action = Literal[
-    "answer",  # done: the text is the result
-    "tools",  # run the tool calls, then continue
-    "continue",  # pause: send the turn back as is
-    "nudge_brevity",  # max_tokens once: ask for a shorter answer
-    "nudge_use_tools",  # answered without the required tools: one corrective turn
-    "stop_max_tokens",
-    "stop_refusal",
-    "stop_context",  # context_length: the conversation no longer fits
-]
+Action = (
+    Literal[
+        "tools",  # run the tool calls, then continue
+        "continue",  # pause: send the turn back as is
+        "nudge_brevity",  # max_tokens once: ask for a shorter answer
+        "nudge_use_tools",  # answered without the required tools: one corrective turn
+    ]
+    | TaskStop  # the attempt ends (ANSWERED: the reply's text is the result)
+)
 
 
 def classify(response: ModelResponse, state: LoopState, requires_tools: bool) -> Action:
@@ -61,17 +60,23 @@ def classify(response: ModelResponse, state: LoopState, requires_tools: bool) ->
     if reason == "pause":
         return "continue"
     if reason == "content_filter":
-        return "stop_refusal"
+        return TaskStop.REFUSAL
     if reason == "context_length":
-        return "stop_context"
+        return TaskStop.CONTEXT_FULL
     if reason == "length":
         if response.tool_uses:
             return "tools"  # the calls are complete blocks; run them
-        return "stop_max_tokens" if "brevity" in state.notes else "nudge_brevity"
+        return TaskStop.MAX_TOKENS if "brevity" in state.notes else "nudge_brevity"
     # stop (or tool_call without blocks): an answer
     if requires_tools and state.tool_calls == 0 and "use_tools" not in state.notes:
         return "nudge_use_tools"
-    return "answer"
+    return TaskStop.ANSWERED
+
+
+def stop_answer(stop: TaskStop, response: ModelResponse) -> str:
+    """What an attempt that a reply ends keeps as its answer: the reply's text (an answer, or what a
+    cut-off or refused reply said), or for a full context window the reason, as no text came."""
+    return STOPS[stop].meaning if stop is TaskStop.CONTEXT_FULL else response.text
 
 
 def stop_after_tools(outcomes: Sequence[ToolOutcome]) -> TaskStop | None:

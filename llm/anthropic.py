@@ -50,17 +50,28 @@ from llm.errors import (
 from llm.pairing import check_tool_pairing
 from llm.toolnames import ToolNameMap
 from llm.types import (
-    ANTHROPIC_STOP_REASONS,
     ContentBlock,
     ModelRequest,
     ModelResponse,
     RateLimitInfo,
+    StopReason,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
 )
+
+# Anthropic's stop reasons, by their neutral names (`llm.types.StopReason`).
+STOP_REASONS: dict[str, StopReason] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_call",
+    "max_tokens": "length",
+    "refusal": "content_filter",
+    "pause_turn": "pause",
+    "model_context_window_exceeded": "context_length",
+}
 
 Provider = Literal["anthropic", "bedrock", "vertex"]
 PROVIDERS: tuple[Provider, ...] = ("anthropic", "bedrock", "vertex")
@@ -185,7 +196,7 @@ def to_response(
         # Other block types (server tools, redacted thinking) need features we never enable.
     usage = message.usage
     # Mapped to the neutral names; one we do not know fails validation below, as it always did.
-    stop_reason = ANTHROPIC_STOP_REASONS.get(message.stop_reason, message.stop_reason)
+    stop_reason = STOP_REASONS.get(message.stop_reason, message.stop_reason)
     return ModelResponse(
         content=content,
         stop_reason=stop_reason,

@@ -17,18 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # onto these (llm/anthropic.py).
 StopReason = Literal["stop", "tool_call", "length", "content_filter", "pause", "context_length"]
 
-# Anthropic's stop reasons, by their neutral names. The Anthropic adapter maps the API with it, and
-# responses stored before the names were neutral (step checkpoints, cassettes) carried these very
-# names: `ModelResponse` reads them as their neutral equivalents.
-ANTHROPIC_STOP_REASONS: dict[str, StopReason] = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "tool_use": "tool_call",
-    "max_tokens": "length",
-    "refusal": "content_filter",
-    "pause_turn": "pause",
-    "model_context_window_exceeded": "context_length",
-}
+# Responses stored before the names were neutral (step checkpoints, cassettes) carry the provider's
+# own names, which were Anthropic's: `ModelResponse` reads them as their neutral equivalents. Frozen:
+# an adapter's live table (`llm.anthropic.STOP_REASONS`) may grow, stored data does not.
+_STORED_NAMES: dict[str, StopReason] = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_call"}
+_STORED_NAMES |= {"max_tokens": "length", "refusal": "content_filter", "pause_turn": "pause"}
+_STORED_NAMES |= {"model_context_window_exceeded": "context_length"}
 
 
 class _Model(BaseModel):
@@ -172,7 +166,7 @@ class ModelResponse(_Model):
     @classmethod
     def _stored_name(cls, value: Any) -> Any:
         """A stop reason stored under its older, Anthropic name reads as the neutral one."""
-        return ANTHROPIC_STOP_REASONS.get(value, value) if isinstance(value, str) else value
+        return _STORED_NAMES.get(value, value) if isinstance(value, str) else value
 
     @property
     def text(self) -> str:

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from bus.stops import TaskStop
 from executor import policy
 from executor.gateway import truncate
 from executor.pipeline.repeats import Seen, decide
@@ -118,21 +119,22 @@ def _resp(stop: str, blocks: list[object]) -> ModelResponse:
 @pytest.mark.parametrize(
     ("stop", "tools", "notes", "requires", "calls", "action"),
     [
-        ("end_turn", False, set(), False, 0, "answer"),
+        ("end_turn", False, set(), False, 0, TaskStop.ANSWERED),
         ("end_turn", False, set(), True, 0, "nudge_use_tools"),
-        ("end_turn", False, {"use_tools"}, True, 0, "answer"),
-        ("end_turn", False, set(), True, 2, "answer"),
+        ("end_turn", False, {"use_tools"}, True, 0, TaskStop.ANSWERED),
+        ("end_turn", False, set(), True, 2, TaskStop.ANSWERED),
         ("tool_use", True, set(), False, 0, "tools"),
         ("max_tokens", False, set(), False, 0, "nudge_brevity"),
-        ("max_tokens", False, {"brevity"}, False, 0, "stop_max_tokens"),
+        ("max_tokens", False, {"brevity"}, False, 0, TaskStop.MAX_TOKENS),
         ("max_tokens", True, set(), False, 0, "tools"),
         ("pause_turn", False, set(), False, 0, "continue"),
-        ("refusal", False, set(), False, 0, "stop_refusal"),
-        ("model_context_window_exceeded", False, set(), False, 0, "stop_context"),
+        ("refusal", False, set(), False, 0, TaskStop.REFUSAL),
+        ("model_context_window_exceeded", False, set(), False, 0, TaskStop.CONTEXT_FULL),
     ],
 )
-def test_classify_replies(stop: str, tools: bool, notes: set[str], requires: bool, calls: int, action: str) -> None:
-    """Each stop reason maps to one action; nudges are given once."""
+def test_classify_replies(stop: str, tools: bool, notes: set[str], requires: bool, calls: int, action: object) -> None:
+    """Each stop reason maps to one action, a reply that ends the attempt to its `TaskStop`; nudges are
+    given once."""
     blocks: list[object] = [ToolUseBlock(id="c1", name="t", input={})] if tools else [TextBlock(text="x")]
     state = policy.LoopState(tool_calls=calls, notes=notes)
     assert policy.classify(_resp(stop, blocks), state, requires) == action

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from llm.anthropic import STOP_REASONS
 from llm.pairing import check_tool_pairing
 from llm.testing.script import Reply, Script
 from llm.types import (
-    ANTHROPIC_STOP_REASONS,
     ContentBlock,
     Message,
     ModelRequest,
@@ -106,7 +106,7 @@ def request_from_wire(body: Mapping[str, Any]) -> ModelRequest:
 
 # The wire name of each neutral stop reason (the first Anthropic name that maps onto it).
 TO_ANTHROPIC: dict[str, str] = {}
-for _wire, _neutral in ANTHROPIC_STOP_REASONS.items():
+for _wire, _neutral in STOP_REASONS.items():
     TO_ANTHROPIC.setdefault(_neutral, _wire)
 
 
