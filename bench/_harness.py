@@ -369,9 +369,6 @@ def job_starts(log: Path) -> dict[str, datetime]:
 
 # -- the raw arq worker (the peer), optionally with a wake-up signal ------------------------------
 
-NOOP_QUEUE_READY = "ready"
-
-
 async def _noop(ctx: dict[str, Any], sent: float | None = None, out: str | None = None) -> None:
     """Does nothing; when `sent` is given, records (start - sent) seconds in the list `out`."""
     if sent is not None and out is not None:

@@ -121,9 +121,9 @@ class Keys:
         return f"{self.prefix}goals"
 
     def submitted_index(self) -> str:
-        """Sorted set of goals not yet picked up by a planner, by submission time. Still kept up to
-        date by the store's scripts, but read by nothing since the supervisor (planner.supervise)
-        replaced the reconciler; kept so that the data layout stays as it was."""
+        """Sorted set of goals not yet picked up by a planner, by submission time. The store's scripts
+        keep it; no reader uses it (the supervisor, planner.supervise, works from `active_index`).
+        Kept because dropping it would change the key layout that every running deployment shares."""
         return f"{self.prefix}goals:submitted"
 
     def active_index(self) -> str:
@@ -135,8 +135,9 @@ class Keys:
         return f"{self.prefix}goal:{goal_id}:drivers"
 
     def provider_trouble(self, goal_id: str) -> str:
-        """Where an earlier version kept the goal's provider-trouble clock (now the ledger field
-        `trouble_since`); a resumed goal still deletes it."""
+        """A provider-trouble clock kept outside the books, as data written by older workers may hold
+        (the clock is the ledger field `trouble_since`); resuming a goal deletes it, so that no stale
+        clock outlives the resume."""
         return f"{self.prefix}goal:{goal_id}:provider-trouble"
 
     def job_errors(self, job_id: str) -> str:

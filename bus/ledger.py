@@ -17,8 +17,9 @@ does):
   `reserved_micro` (worst-case cost held by open reservations) and `cost_micro_usd` (spent);
 * open reservations: one global sorted set, scored by expiry time, whose members are the records
   (`id`, goal key, amount, forfeit cost, model, tenant pool key, pool keys, one a line); the
-  reserving worker keeps the member (`Reservation.entry`) to close it. (An earlier version kept the
-  records in a global hash `ledger:open`; the scripts still close such a reservation.) Global, so
+  reserving worker keeps the member (`Reservation.entry`) to close it. (A member that is a bare id
+  keeps its record in the global hash `ledger:open`, as older workers wrote it; the scripts close both
+  forms.) Global, so
   an expired reservation of a goal nobody touches any more is still swept by the next reserve that
   is short of room, by any snapshot, and by the supervisor's rounds, and its pools get their
   headroom back.
@@ -64,6 +65,9 @@ from .scripts import lua
 
 # Expired reservations closed per script call: bounds the time one reserve can spend sweeping.
 SWEEP_BATCH = 100
+# The defaults of TASKLOOM_LEDGER_MIN_RESERVATION and TASKLOOM_LEDGER_RESERVATION_TTL (taskloom.settings).
+MIN_RESERVATION = 256
+RESERVATION_TTL: float = 600
 
 
 def ledger_keys(keys: Keys) -> tuple[str, str, str]:
@@ -107,8 +111,8 @@ class Ledger:
         redis: Redis,
         keys: Keys,
         *,
-        min_reservation: int = 256,
-        reservation_ttl: float = 600,
+        min_reservation: int = MIN_RESERVATION,
+        reservation_ttl: float = RESERVATION_TTL,
         prices: PriceTable | None = None,
     ) -> None:
         if min_reservation < 1:
@@ -277,18 +281,15 @@ class Ledger:
         except (ResponseError, ValueError, TypeError) as exc:  # a field that is no number, a key of another type
             raise CorruptRecord("ledger", key, first_error(exc)) from None
 
-    async def pool_snapshot(self, name: str) -> LedgerSnapshot | None:
-        """A pool's books (None if no goal has used it yet)."""
-        h = await self._read(self.keys.pool(name))
-        return LedgerSnapshot.from_hash(name, h) if "budget" in h else None
-
     async def _read(self, key: str) -> dict[str, str]:
         out = await self._sweep(keys=[self._open_key, self._expiry_key, key], args=[SWEEP_BATCH])
         return str_pairs(out[1:])
 
 
 __all__ = [
+    "MIN_RESERVATION",
     "POOL_NAME_PATTERN",
+    "RESERVATION_TTL",
     "SWEEP_BATCH",
     "TENANT_NAME_PATTERN",
     "BudgetExhausted",

@@ -129,8 +129,8 @@ class Reservation(BaseModel):
         default=0.0, ge=0, description="the highest spent/budget among the books it draws from, before this call"
     )
     # Its entry in the expiry set (id, then the record of the books it holds, one a line): closing it
-    # removes this entry, so the close script reads no record. "" for a reservation made by an earlier
-    # version (closed by `id`).
+    # removes this entry, so the close script reads no record. "" for one whose record is in the open
+    # hash (closed by `id`).
     entry: str = ""
 
 

@@ -190,8 +190,3 @@ class PriceTable:
 
     def priced(self, model: str | None) -> bool:
         return self._tiers_of(model) is not None
-
-    def worst_cost(self, model: str | None, input_tokens: int, output_tokens: int) -> int:
-        """Micro-USD a call of this size can cost at most (what the reserve script holds)."""
-        pin, pout = self.per_mtok_micro(model, input_tokens)
-        return -(-(input_tokens * pin + output_tokens * pout) // 1_000_000)

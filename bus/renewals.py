@@ -2,10 +2,10 @@
 
 While a job runs, three things must stay alive in Redis or another worker takes over: arq's
 in-progress mark of the job (`taskloom.wake`), an executor attempt's lease (`bus.attempts`) and
-the attempt's tenant running slot (`bus.tenants`). Each used to be renewed by a timer of its own,
-per job: with 10 jobs running, 30 timers and 30 round trips per interval. Here every hold of a
-process joins one `Renewals`: a single ticker sends one non-transactional pipeline per interval with
-every renewal in it (each renewal is still its own atomic command or script, as before).
+the attempt's tenant running slot (`bus.tenants`). A timer of its own for each, per job, would mean
+30 timers and 30 round trips per interval with 10 jobs running. Instead every hold of a process
+joins one `Renewals`: a single ticker sends one non-transactional pipeline per interval with every
+renewal in it (each renewal stays its own atomic command or script).
 
 The guarantees are the timers': a held item is renewed within `period` of being held and then every
 `period` (its TTL is at least 3 periods); an item whose worker died is no longer renewed and expires

@@ -36,9 +36,10 @@ from .scripts import lua
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    patience: float = 900.0  # seconds a goal tolerates provider trouble
+    # The defaults of TASKLOOM_PROVIDER_PATIENCE and TASKLOOM_PROVIDER_BACKOFF_MAX (taskloom.settings).
+    patience: float = 900  # seconds a goal tolerates provider trouble
     base: float = 1.0  # first backoff, seconds
-    cap: float = 30.0  # longest backoff, seconds
+    cap: float = 30  # longest backoff, seconds
     internal_tries: int = 5  # tries of a job failing with an unexpected exception before its goal fails
 
 

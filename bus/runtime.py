@@ -78,6 +78,10 @@ class Limits(BaseModel):
         return cls(**{name: getattr(source, name) for name in cls.model_fields})
 
 
+# The defaults, for a component built without settings (a test, a benchmark): never spelled again.
+DEFAULT_LIMITS = Limits()
+
+
 @dataclass(frozen=True)
 class Runtime:
     redis: ArqRedis

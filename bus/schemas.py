@@ -43,9 +43,6 @@ NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)
 TaskId = Annotated[str, StringConstraints(pattern=TASK_ID_PATTERN), AfterValidator(_not_reserved)]
 GoalId = Annotated[str, StringConstraints(pattern=GOAL_ID_PATTERN)]
 
-JsonScalar = str | int | float | bool | None
-
-
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -58,7 +55,6 @@ class _Model(BaseModel):
 # final answer (the default); only the final answer; or none (machine checks and the critic's
 # deterministic checks still apply).
 ReviewPolicy = Literal["every_task", "final_only", "none"]
-REVIEW_POLICIES: tuple[str, ...] = ("every_task", "final_only", "none")
 
 
 class Check(_Model):

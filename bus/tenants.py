@@ -36,7 +36,6 @@ from .replies import as_str, str_pairs
 from .scripts import lua
 
 Period = Literal["none", "day", "month"]
-DEFAULT_TENANT = "default"
 KINDS = ("input", "output", "cache_read", "cache_write", "unknown")
 
 

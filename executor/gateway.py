@@ -24,6 +24,7 @@ from collections.abc import Iterable
 
 from bus.attempts import Pending, StepRecord, ToolOutcome
 from bus.events import EventLog
+from bus.runtime import DEFAULT_LIMITS
 from llm.types import ToolDef, ToolUseBlock
 
 from .pipeline import (
@@ -56,11 +57,11 @@ class ToolGateway:
         allowed: Iterable[str],
         events: EventLog | None = None,
         *,
-        output_limit: int = 4000,
-        default_timeout: float = 30.0,
+        output_limit: int = DEFAULT_LIMITS.tool_output_limit,
+        default_timeout: float = DEFAULT_LIMITS.tool_timeout,
         attempt: Attempt | None = None,
-        loop_window: int = 8,
-        error_retries: int = 2,
+        loop_window: int = DEFAULT_LIMITS.loop_window,
+        error_retries: int = DEFAULT_LIMITS.tool_error_retries,
     ) -> None:
         self.registry = registry
         self.allowed = sorted(set(allowed) & set(registry.names()))

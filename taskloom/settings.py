@@ -26,8 +26,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from bus.connection import SENTINEL_SCHEME, RedisUrlError, is_sentinel_url, parse_sentinel_url
 from bus.durability import ReplicaWait
 from bus.keys import Keys
+from bus.ledger import MIN_RESERVATION, RESERVATION_TTL
 from bus.prices import ModelPrice
 from bus.ratelimit import RateLimit, load_rate_limits
+from bus.retry import RetryPolicy
 from bus.runtime import Limits
 from bus.schemas import MAX_BUDGET_TOKENS
 
@@ -92,8 +94,12 @@ class Settings(Limits, BaseSettings):
     # How long a goal tolerates provider trouble (429/529/5xx, timeouts, refused connections),
     # counted from the first failure of the current trouble; its jobs are re-run with backoff
     # meanwhile. Past it (or at once for a terminal model error) the goal fails, naming the error.
-    provider_patience: float = Field(default=900, gt=0, description="seconds a goal waits out provider trouble")
-    provider_backoff_max: float = Field(default=30, gt=0, le=3600, description="longest wait between job retries")
+    provider_patience: float = Field(
+        default=RetryPolicy.patience, gt=0, description="seconds a goal waits out provider trouble"
+    )
+    provider_backoff_max: float = Field(
+        default=RetryPolicy.cap, gt=0, le=3600, description="longest wait between job retries"
+    )
 
     # Capped like a goal's own budget (`Goal.budget_tokens`), so the default never exceeds what --budget accepts.
     default_budget_tokens: int = Field(default=200_000, gt=0, le=MAX_BUDGET_TOKENS)
@@ -123,8 +129,10 @@ class Settings(Limits, BaseSettings):
 
     # Token-budget ledger (bus.ledger). A reservation lives as long as a job may run, so that a live
     # call is never forfeited; a dead worker's reservation is counted as spent after this long.
-    ledger_min_reservation: int = Field(default=256, ge=1, description="fewest output tokens worth a call")
-    ledger_reservation_ttl: float = Field(default=600, gt=0, description="seconds before a reservation is forfeited")
+    ledger_min_reservation: int = Field(default=MIN_RESERVATION, ge=1, description="fewest output tokens worth a call")
+    ledger_reservation_ttl: float = Field(
+        default=RESERVATION_TTL, gt=0, description="seconds before a reservation is forfeited"
+    )
     prices: Annotated[dict[str, ModelPrice], NoDecode] = Field(
         default_factory=dict,
         description='JSON {"model-prefix": {"input":..,"output":..,"cache_read":..,"cache_write":..}} in USD per '

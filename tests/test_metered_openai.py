@@ -40,5 +40,8 @@ async def test_a_reply_without_usage_is_charged_its_worst_case_and_flagged(
     books = await ledger.snapshot("g")
     assert books.usage_unknown == 1 and books.calls == 1 and books.open == 0
     assert books.spent == books.spent_unknown > 300  # the input estimate plus every output token allowed
-    assert books.cost_micro_usd == PRICES.worst_cost("local-model", books.spent - 300, 300) > 0
+    # The worst case the reserve script held: input at the dearest input rate, output at the output rate.
+    price_in, price_out = PRICES.per_mtok_micro("local-model", books.spent - 300)
+    worst = -(-((books.spent - 300) * price_in + 300 * price_out) // 1_000_000)
+    assert books.cost_micro_usd == worst > 0
     assert books.served_by == {"executor": "local-model"}

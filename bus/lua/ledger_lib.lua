@@ -89,7 +89,7 @@ end
 
 -- `member` is the reservation's entry in the expiry set: its id, then its record (kept in the
 -- member itself, so opening and closing a reservation each touch one key less). A member that is a
--- bare id was written by a worker of an earlier version, which kept the record in the open hash.
+-- bare id keeps its record in the open hash instead (older workers wrote that form): both close.
 -- `goal_extra`: field/value pairs written to the goal's books with the same HSET.
 local function close(open_key, expiry_key, member, mode, u, goal_extra, watch)
   if redis.call('ZREM', expiry_key, member) == 0 then return false end

@@ -1,8 +1,8 @@
 -- Resume a failed or budget_exhausted goal (the only ways out of those states; the state machine's
 -- table keeps them final for every other writer). Accepted (`done`) tasks stay; every other task of
 -- the goal that had not ended for good goes back to `pending`, to be dispatched as a new attempt.
--- KEYS: goal hash, task-id set, goal stream, global stream, active index, provider-trouble key (of
---       an earlier version; the clock is now the ledger's `trouble_since`, ended here too), goal
+-- KEYS: goal hash, task-id set, goal stream, global stream, active index, provider-trouble key
+--       (`Keys.provider_trouble`, deleted; the ledger's `trouble_since` is ended here too), goal
 --       ledger, then arq result keys of the goal-level jobs to forget (their outcome is void).
 -- ARGV: updated_at, event JSON (its state is patched in), maxlen, task-key prefix, goal id, now,
 --       new budget ('' = unchanged), task states reset to pending, resumable goal states, terminal

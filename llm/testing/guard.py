@@ -100,10 +100,6 @@ def uninstall_network_guard() -> None:
         socket.getaddrinfo = _original.pop("getaddrinfo")
 
 
-def network_guard_installed() -> bool:
-    return bool(_original)
-
-
 def blocked_attempts() -> list[str]:
     """What the guard blocked since the last `clear_blocked_attempts()`, e.g. 'DNS lookup of api.anthropic.com'."""
     with _lock:
