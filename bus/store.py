@@ -477,17 +477,14 @@ class Store:
         sources = task_sources(target)
         if expected_state is not None:
             sources = sources & {expected_state}
-        patch: dict[str, str | int] = {"updated_at": utcnow().isoformat()}
-        if plan_version is not None:
-            patch["plan_version"] = plan_version
-        if first_attempt is not None:
-            patch["first_attempt"] = first_attempt
-        if attempt is not None:
-            patch["attempt"] = attempt
-        if reason is not None:
-            patch["reason"] = reason
-        if feedback is not None:
-            patch["feedback"] = feedback
+        given = {
+            "plan_version": plan_version,
+            "first_attempt": first_attempt,
+            "attempt": attempt,
+            "reason": reason,
+            "feedback": feedback,
+        }
+        patch = {"updated_at": utcnow().isoformat(), **{k: v for k, v in given.items() if v is not None}}
         event = Event(
             type="task.state",
             goal_id=goal_id,

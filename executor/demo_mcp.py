@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,42 @@ class PagedServer(MCPServer):
         return mt.ListToolsResult(tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None)
 
 
+@dataclass(frozen=True)
+class Faults:
+    """The misbehaviour a test asks for: each `*_once` file is consumed by the call it breaks."""
+
+    die_once: Path | None = None
+    hang_once: Path | None = None
+    flaky_once: Path | None = None
+    refund_delay: float = 0.0
+
+
+class CallLog:
+    """One JSON line per call phase (`--log`), with the server's pid and the call's idempotency key."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def note(self, tool: str, phase: str, ctx: Context | None, **data: Any) -> None:
+        if self.path is None:
+            return
+        key = None
+        if ctx is not None:
+            meta = ctx.request_context.meta or {}
+            key = meta.get(IDEMPOTENCY_META_KEY)
+        line = {"pid": os.getpid(), "tool": tool, "phase": phase, "key": key, "at": time.time(), **data}
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+
+
+def _order(order_id: str) -> dict[str, Any]:
+    try:
+        return demo_tools.lookup_order(order_id)
+    except KeyError as exc:  # an anticipated failure: the model reads the message, no traceback
+        raise ToolError(str(exc.args[0])) from None
+
+
 def build(
     log: Path | None = None,
     die_once: Path | None = None,
@@ -64,34 +101,22 @@ def build(
         "support-desk", instructions="Orders, refunds and tickets of the demo store.", log_level="WARNING"
     )
     server.page_size = page_size
+    faults = Faults(die_once=die_once, hang_once=hang_once, flaky_once=flaky_once, refund_delay=refund_delay)
+    _add_order_tools(server, CallLog(log), faults)
+    _add_case_tools(server, CallLog(log), faults)
+    return server
 
-    def order(order_id: str) -> dict[str, Any]:
-        try:
-            return demo_tools.lookup_order(order_id)
-        except KeyError as exc:  # an anticipated failure: the model reads the message, no traceback
-            raise ToolError(str(exc.args[0])) from None
 
-    def note(tool: str, phase: str, ctx: Context | None, **data: Any) -> None:
-        if log is None:
-            return
-        key = None
-        if ctx is not None:
-            meta = ctx.request_context.meta or {}
-            key = meta.get(IDEMPOTENCY_META_KEY)
-        line = {"pid": os.getpid(), "tool": tool, "phase": phase, "key": key, "at": time.time(), **data}
-        with log.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(line) + "\n")
-            out.flush()
-
+def _add_order_tools(server: MCPServer, calls: CallLog, faults: Faults) -> None:
     @server.tool(annotations=READ_ONLY)
     def lookup_order(order_id: str, ctx: Context) -> dict[str, Any]:
         """Look up an order by its id (e.g. A100): delivery date, item, amount, and whether it was a final sale."""
-        note("lookup_order", "start", ctx, order_id=order_id)
-        if flaky_once is not None and flaky_once.exists():
-            flaky_once.unlink()
-            note("lookup_order", "failed", ctx, order_id=order_id)
+        calls.note("lookup_order", "start", ctx, order_id=order_id)
+        if faults.flaky_once is not None and faults.flaky_once.exists():
+            faults.flaky_once.unlink()
+            calls.note("lookup_order", "failed", ctx, order_id=order_id)
             raise ToolError("backend unavailable, try again")
-        return order(order_id)
+        return _order(order_id)
 
     @server.tool(annotations=READ_ONLY)
     def refund_policy() -> str:
@@ -101,19 +126,21 @@ def build(
     @server.tool(annotations=READ_ONLY)
     def check_refund_eligibility(order_id: str, today: dt.date) -> dict[str, Any]:
         """Whether an order can still be refunded on `today` (YYYY-MM-DD), with the refund deadline."""
-        order(order_id)
+        _order(order_id)
         return demo_tools.check_refund_eligibility(order_id, today)
 
     @server.tool(annotations=DESTRUCTIVE)
     async def issue_refund(order_id: str, ctx: Context) -> str:
         """Issue a refund for an eligible order. Moves money: needs a person's approval."""
-        found = order(order_id)
-        note("issue_refund", "start", ctx, order_id=found["order_id"])
-        if refund_delay:
-            await asyncio.sleep(refund_delay)
-        note("issue_refund", "done", ctx, order_id=found["order_id"])
+        found = _order(order_id)
+        calls.note("issue_refund", "start", ctx, order_id=found["order_id"])
+        if faults.refund_delay:
+            await asyncio.sleep(faults.refund_delay)
+        calls.note("issue_refund", "done", ctx, order_id=found["order_id"])
         return f"refund of ${found['amount_usd']:.2f} issued for {found['order_id']}"
 
+
+def _add_case_tools(server: MCPServer, calls: CallLog, faults: Faults) -> None:
     @server.tool(annotations=mt.ToolAnnotations(read_only_hint=False, destructive_hint=False))
     def escalate_ticket(order_id: str, reason: str) -> str:
         """Hand an order's case to a human agent."""
@@ -122,16 +149,16 @@ def build(
     @server.tool(annotations=READ_ONLY)
     def order_history(order_id: str, ctx: Context) -> list[str]:
         """Every event of an order so far (placed, shipped, delivered)."""
-        note("order_history", "start", ctx, order_id=order_id)
-        if die_once is not None and die_once.exists():
-            die_once.unlink()
-            note("order_history", "dying", ctx, order_id=order_id)
+        calls.note("order_history", "start", ctx, order_id=order_id)
+        if faults.die_once is not None and faults.die_once.exists():
+            faults.die_once.unlink()
+            calls.note("order_history", "dying", ctx, order_id=order_id)
             os._exit(17)  # mid-call, no answer: what a crashing server looks like to the client
-        if hang_once is not None and hang_once.exists():
-            hang_once.unlink()
-            note("order_history", "hanging", ctx, order_id=order_id)
+        if faults.hang_once is not None and faults.hang_once.exists():
+            faults.hang_once.unlink()
+            calls.note("order_history", "hanging", ctx, order_id=order_id)
             os.kill(os.getpid(), signal.SIGSTOP)  # the whole process freezes: it answers nothing, not even pings
-        found = order(order_id)
+        found = _order(order_id)
         return [f"placed: {found['item']}", f"delivered: {found['delivered']}"]
 
     @server.tool(annotations=mt.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True))
@@ -146,8 +173,6 @@ def build(
             server.add_tool(warranty_status, annotations=READ_ONLY)
         await ctx.session.send_tool_list_changed()
         return "warranty tools unlocked"
-
-    return server
 
 
 async def serve_http(server: MCPServer, port_file: Path | None, port: int = 0, host: str = "127.0.0.1") -> None:

@@ -17,7 +17,8 @@ already decided) come back as `isError` results whose text says what is wrong.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import mcp_types as mt
 from mcp.server.mcpserver import MCPServer
@@ -35,6 +36,7 @@ READ = mt.ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_
 WRITE = mt.ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
 DESTRUCTIVE = mt.ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
 MAX_EVENTS = 500
+T = TypeVar("T")
 
 
 def _problems(exc: ValidationError) -> str:
@@ -52,36 +54,33 @@ def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) ->
         ),
         log_level="WARNING",
     )
+    _add_read_tools(server, client, max_wait)
+    if not read_only:
+        _add_write_tools(server, client)
+    return server
 
-    async def guarded(call: Any) -> Any:
-        try:
-            return await call
-        except AlreadyDecided:
-            raise  # not an error: `decide` reports the decision that stands
-        except NotFound as exc:
-            raise ToolError(str(exc)) from None
-        except IllegalTransition as exc:
-            raise ToolError(str(exc)) from None
-        except ValidationError as exc:
-            raise ToolError(f"invalid input: {_problems(exc)}") from None
-        except ValueError as exc:
-            raise ToolError(str(exc)) from None
 
-    async def decide(goal_id: str, call_id: str, approved: bool, reason: str) -> tuple[bool, str | None]:
-        """Decide once; a repeat changes nothing and reports the decision that stands."""
-        try:
-            first = await guarded(client.decide(goal_id, call_id, approved, reason, by="mcp"))
-        except AlreadyDecided as exc:
-            return False, exc.decision.verdict
-        decided = await client.decision(goal_id, call_id)
-        return first, decided.verdict if decided else None
+async def _guarded(call: Awaitable[T]) -> T:
+    """The call's result; what the caller got wrong comes back as a `ToolError` saying so."""
+    try:
+        return await call
+    except AlreadyDecided:
+        raise  # not an error: `decide` reports the decision that stands
+    except (NotFound, IllegalTransition) as exc:
+        raise ToolError(str(exc)) from None
+    except ValidationError as exc:
+        raise ToolError(f"invalid input: {_problems(exc)}") from None
+    except ValueError as exc:
+        raise ToolError(str(exc)) from None
 
+
+def _add_read_tools(server: MCPServer, client: Client, max_wait: float) -> None:
     @server.tool(annotations=READ)
     async def goal_status(goal_id: str) -> dict[str, Any]:
         """A goal's state, answer or reason, plan version, every task's state, and the tool calls
         awaiting a person's approval (by call id)."""
-        status = await guarded(client.status(goal_id))
-        approvals = await guarded(client.approvals(goal_id))
+        status = await _guarded(client.status(goal_id))
+        approvals = await _guarded(client.approvals(goal_id))
         goal = status.goal
         return {
             "goal_id": goal.id,
@@ -99,7 +98,7 @@ def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) ->
         done=false and the current state when the time is up: call it again to keep waiting."""
         bound = max(0.0, min(timeout_seconds, max_wait))
         try:
-            goal = await guarded(client.wait(goal_id, timeout=bound))
+            goal = await _guarded(client.wait(goal_id, timeout=bound))
         except WaitTimeout as exc:
             return {"goal_id": goal_id, "done": False, "state": exc.state, "waited_seconds": bound}
         done = {"goal_id": goal.id, "done": True, "state": goal.state.value}
@@ -118,9 +117,43 @@ def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) ->
                 break
         return {"events": events, "next_after": events[-1]["position"] if events else after}
 
-    if read_only:
-        return server
 
+def _goal_of(
+    text: str,
+    definition_of_done: str,
+    budget_tokens: int | None,
+    allowed_tools: list[str] | None,
+    deadline: str | None,
+) -> Goal:
+    """The goal `submit_goal` was given, or a `ToolError` naming what is wrong with it."""
+    raw: dict[str, Any] = {"text": text, "definition_of_done": definition_of_done}
+    if budget_tokens is not None:
+        raw["budget_tokens"] = budget_tokens
+    if allowed_tools is not None:
+        raw["allowed_tools"] = allowed_tools
+    if deadline is not None:
+        try:
+            raw["deadline"] = dt.datetime.fromisoformat(deadline.replace("Z", "+00:00"))
+        except ValueError:
+            raise ToolError(f"deadline: expected an ISO 8601 time, got {deadline!r}") from None
+    try:
+        return Goal.model_validate(raw)
+    except ValidationError as exc:
+        raise ToolError(f"invalid goal: {_problems(exc)}") from None
+
+
+async def _decide(client: Client, goal_id: str, call_id: str, approved: bool, reason: str) -> dict[str, Any]:
+    """Decide once; a repeat changes nothing and reports the decision that stands."""
+    try:
+        first = await _guarded(client.decide(goal_id, call_id, approved, reason, by="mcp"))
+        decided = await client.decision(goal_id, call_id)
+    except AlreadyDecided as exc:
+        first, decided = False, exc.decision
+    verdict = decided.verdict if decided else None
+    return {"goal_id": goal_id, "call_id": call_id, "approved": approved, "first_decision": first, "decision": verdict}
+
+
+def _add_write_tools(server: MCPServer, client: Client) -> None:
     @server.tool(annotations=WRITE)
     async def submit_goal(
         text: str,
@@ -132,45 +165,21 @@ def build(client: Client, *, read_only: bool = False, max_wait: float = 60.0) ->
     ) -> dict[str, Any]:
         """Submit a goal to the fleet; returns its id at once (the goal runs asynchronously).
         `deadline` is an ISO 8601 time with a zone; `goal_id` (your own id) makes re-submitting safe."""
-        raw: dict[str, Any] = {"text": text, "definition_of_done": definition_of_done}
-        if budget_tokens is not None:
-            raw["budget_tokens"] = budget_tokens
-        if allowed_tools is not None:
-            raw["allowed_tools"] = allowed_tools
-        if deadline is not None:
-            try:
-                raw["deadline"] = dt.datetime.fromisoformat(deadline.replace("Z", "+00:00"))
-            except ValueError:
-                raise ToolError(f"deadline: expected an ISO 8601 time, got {deadline!r}") from None
-        try:
-            goal = Goal.model_validate(raw)
-        except ValidationError as exc:
-            raise ToolError(f"invalid goal: {_problems(exc)}") from None
-        gid = await guarded(client.submit(goal, goal_id=goal_id))
-        return {"goal_id": gid}
+        goal = _goal_of(text, definition_of_done, budget_tokens, allowed_tools, deadline)
+        return {"goal_id": await _guarded(client.submit(goal, goal_id=goal_id))}
 
     @server.tool(annotations=DESTRUCTIVE)
     async def cancel_goal(goal_id: str, reason: str = "cancelled by an MCP client") -> dict[str, Any]:
         """Cancel a goal and its unfinished tasks."""
-        changed = await guarded(client.cancel(goal_id, reason))
+        changed = await _guarded(client.cancel(goal_id, reason))
         return {"goal_id": goal_id, "cancelled": True, "already_cancelled": not changed}
 
     @server.tool(annotations=DESTRUCTIVE.model_copy(update={"title": "Approve a tool call"}), meta=APPROVAL_META)
     async def approve_call(goal_id: str, call_id: str) -> dict[str, Any]:
         """APPROVAL: let a tool call that awaits a person's approval run (see goal_status 'approvals')."""
-        first, decision = await decide(goal_id, call_id, True, "")
-        return {"goal_id": goal_id, "call_id": call_id, "approved": True, "first_decision": first, "decision": decision}
+        return await _decide(client, goal_id, call_id, True, "")
 
     @server.tool(annotations=DESTRUCTIVE.model_copy(update={"title": "Deny a tool call"}), meta=APPROVAL_META)
     async def deny_call(goal_id: str, call_id: str, reason: str = "denied by an operator") -> dict[str, Any]:
         """APPROVAL: refuse a tool call that awaits approval; the agent sees an ERROR with `reason`."""
-        first, decision = await decide(goal_id, call_id, False, reason)
-        return {
-            "goal_id": goal_id,
-            "call_id": call_id,
-            "approved": False,
-            "first_decision": first,
-            "decision": decision,
-        }
-
-    return server
+        return await _decide(client, goal_id, call_id, False, reason)
