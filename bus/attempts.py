@@ -98,6 +98,7 @@ class Pending(BaseModel):
     started: set[str] = Field(default_factory=set)
     results: dict[str, ToolOutcome] = Field(default_factory=dict)
 
+
 # The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
 _ACQUIRE, _RENEW, _FINISH, _RELEASE, _PENDING_SET, _APPEND_STEP, _SAVE_RESULT, _CLAIM_EXPIRED = module_scripts(
     "attempts", "acquire", "renew", "finish", "release", "pending_set", "append_step", "save_result", "claim_expired"

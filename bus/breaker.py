@@ -58,6 +58,7 @@ def gate(state: BreakerState, cooldown: float) -> Gate:
         return "skip"
     return "probe"
 
+
 # The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
 _FAILED = lua("breaker_failed")
 _READ = lua("breaker_read")

@@ -43,15 +43,12 @@ class EffectRecord(BaseModel):
     result: str = ""  # what the tool returned (or its error), cut to RESULT_LIMIT
     at: str = Field(default_factory=lambda: utcnow().isoformat())
 
-# The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
-_BEGIN = lua("effects_begin")
-
 
 class SideEffects:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self._begin = redis.register_script(_BEGIN)
+        self._begin = redis.register_script(lua("effects_begin"))  # bus/lua/effects_begin.lua
 
     async def begin(self, goal_id: str, task_id: str, record: EffectRecord) -> EffectRecord | None:
         """Claim this call for `record.attempt`; None when claimed, else the earlier call's record."""

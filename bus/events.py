@@ -66,6 +66,7 @@ def decode(position: bytes | str, fields: dict[Any, Any]) -> Event:
     pos = position.decode() if isinstance(position, bytes) else position
     return Event.model_validate({**json.loads(raw), "position": pos})
 
+
 # The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
 _EMIT = lua("events_emit")
 

@@ -109,6 +109,7 @@ class Grant:
     output_tokens: int
     waited: float  # seconds spent waiting for the turn
 
+
 # The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
 _ACQUIRE = lua("ratelimit_lib", "ratelimit_acquire")
 _SETTLE = lua("ratelimit_lib", "ratelimit_settle")

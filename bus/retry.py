@@ -140,9 +140,6 @@ def on_other_error(exc: BaseException, tries: int, policy: RetryPolicy, rng: ran
         return RetryLater(backoff(tries, policy, rng))
     return GiveUp(f"internal error after {tries} tries: {type(exc).__name__}: {exc}"[:2000])
 
-# The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
-_FAILED = lua("retry_failed")
-
 
 class TroubleClock:
     """When a goal's current provider trouble began: set by its first failure, cleared by a success."""
@@ -152,7 +149,7 @@ class TroubleClock:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self._failed = redis.register_script(_FAILED)
+        self._failed = redis.register_script(lua("retry_failed"))  # bus/lua/retry_failed.lua
 
     async def failed(self, goal_id: str, now_ms: int) -> int:
         """Record a failure at `now_ms`; return when the current trouble began (ms)."""

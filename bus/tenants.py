@@ -133,6 +133,7 @@ def _model_spend(h: Mapping[str, str]) -> list[ModelSpend]:
         for m, v in sorted(per.items())
     ]
 
+
 # The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
 _SET = lua("tenants_set")
 _RESET = lua("ledger_lib", "tenants_reset")
