@@ -80,7 +80,9 @@ class ApprovalRequest(BaseModel):
     attempt: int
     tool: str
     input: dict[str, Any]
-    at: float = Field(description="when the call asked (Unix seconds)")
+    # Optional so that a request written without its time (by hand, or by a tool of the user's
+    # own) still reads: the approvals inbox keeps the time too, as the member's score.
+    at: float | None = Field(default=None, description="when the call asked (Unix seconds), if it says")
     earlier: list[EarlierCall] = Field(default_factory=list, description="earlier calls of this tool in this task")
 
 
