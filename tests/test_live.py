@@ -1,0 +1,116 @@
+"""Live text (bus.live): the batching rule, and batches through a real Redis's Pub/Sub: in order, with
+offsets that rebuild the text, a restart frame, and nothing published while nobody listens."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from arq.connections import ArqRedis
+
+from bus.keys import Keys
+from bus.live import Batching, LiveFrame, LivePublisher, Subscription, flush_due
+
+B = Batching(interval=0.1, max_chars=400)
+
+
+@pytest.mark.parametrize(
+    ("pending", "since", "due"),
+    [
+        (0, 5.0, False),  # nothing waits: nothing to send, however long it has been
+        (1, 0.0, False),
+        (399, 0.099, False),
+        (400, 0.0, True),  # enough characters: at once
+        (1, 0.1, True),  # an interval passed: whatever waits
+        (5000, 0.0, True),
+    ],
+)
+def test_flush_due(pending: int, since: float, due: bool) -> None:
+    assert flush_due(pending, since, B) is due
+
+
+async def _collect(sub: Subscription, until: int, timeout: float = 3.0) -> list[LiveFrame]:
+    frames: list[LiveFrame] = []
+    while sum(len(f.text) for f in frames if f.type == "text") < until:
+        frame = await sub.next(timeout)
+        assert frame is not None, f"only {frames} arrived"
+        frames.append(frame)
+    return frames
+
+
+async def test_a_listener_gets_ordered_batches_whose_offsets_rebuild_the_text(redis: ArqRedis, keys: Keys) -> None:
+    publisher = LivePublisher(redis, keys, Batching(interval=0.05, max_chars=100))
+    words = [f"w{i:03d} " for i in range(200)]  # 1000 characters
+    async with Subscription(redis, keys, "g1") as sub:
+        call = publisher.call("g1", "t1", 2, 3)
+        for w in words:
+            call(w)
+            await asyncio.sleep(0.001)
+        await call.close()
+        frames = await _collect(sub, 1000)
+    assert all((f.goal, f.task, f.attempt, f.step, f.type) == ("g1", "t1", 2, 3, "text") for f in frames)
+    # In order, no gap, no overlap: each batch starts where the one before ended.
+    assert [f.offset for f in frames] == [sum(len(g.text) for g in frames[:i]) for i in range(len(frames))]
+    assert "".join(f.text for f in frames) == "".join(words)
+    # Batched: at most max_chars (plus one delta) per message, far fewer messages than deltas.
+    assert 10 <= len(frames) < 60 and max(len(f.text) for f in frames) <= 100 + 5
+
+
+async def test_text_waiting_in_a_pause_goes_out_within_an_interval(redis: ArqRedis, keys: Keys) -> None:
+    publisher = LivePublisher(redis, keys, Batching(interval=0.05, max_chars=400))
+    async with Subscription(redis, keys, "g1") as sub:
+        call = publisher.call("g1", "t1", 1, 0)
+        call("Hello")
+        frame = await sub.next(1.0)  # no further delta, no close: the timer sends it
+        assert frame is not None and (frame.text, frame.offset) == ("Hello", 0)
+        await call.close()
+
+
+async def test_a_restart_frame_comes_first_and_text_starts_again_at_zero(redis: ArqRedis, keys: Keys) -> None:
+    publisher = LivePublisher(redis, keys, Batching(interval=0.0, max_chars=1))
+    async with Subscription(redis, keys, "g1") as sub:
+        first = publisher.call("g1", "t1", 1, 0)
+        first("part")
+        await first.close()
+        again = publisher.call("g1", "t1", 1, 0, restart=True)
+        again("whole")
+        await again.close()
+        frames = [await sub.next(1.0) for _ in range(3)]
+    assert [(f.type, f.offset, f.text) for f in frames if f is not None] == [
+        ("text", 0, "part"),
+        ("restart", 0, ""),
+        ("text", 0, "whole"),
+    ]
+
+
+async def test_nobody_listening_publishes_nothing_and_asks_once_per_ttl(redis: ArqRedis, keys: Keys) -> None:
+    """A pattern subscriber sees every PUBLISH but is no channel listener (PUBSUB NUMSUB counts none)."""
+    publisher = LivePublisher(redis, keys, Batching(interval=0.0, max_chars=1), listener_ttl=60)
+    watcher = redis.pubsub(ignore_subscribe_messages=True)
+    await watcher.psubscribe(keys.live("*"))
+    before = await _numsub_calls(redis)
+    for step in range(3):
+        call = publisher.call("g1", "t1", 1, step)
+        for w in ["one ", "two ", "three "]:
+            call(w)
+        await call.close()
+    assert await _numsub_calls(redis) - before == 1  # one question, answered "nobody" for the TTL
+    assert await watcher.get_message(timeout=0.3) is None
+    # Once someone listens (and the answer has aged), batches go out again.
+    publisher.listener_ttl = 0
+    async with Subscription(redis, keys, "g1") as sub:
+        call = publisher.call("g1", "t1", 1, 9)
+        call("now heard")
+        await call.close()
+        frame = await sub.next(1.0)
+    assert frame is not None and frame.text == "now heard"
+    seen = await watcher.get_message(timeout=1.0)
+    assert seen is not None and json.loads(seen["data"])["text"] == "now heard"
+    await watcher.aclose()
+
+
+async def _numsub_calls(redis: ArqRedis) -> int:
+    """PUBSUB calls (Redis 7 counts `pubsub|numsub`, 6.2 all PUBSUB subcommands as `pubsub`)."""
+    stats = await redis.info("commandstats")
+    return sum(int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_pubsub|numsub", "cmdstat_pubsub"))
