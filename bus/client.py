@@ -23,6 +23,7 @@ from .events import EventLog
 from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
 from .keys import Keys
 from .ledger import Ledger
+from .live import LiveFrame, Subscription
 from .schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, StoredPlan, TaskRecord
 from .store import AlreadyExists, NotFound, Store
 from .synthesis import accepted_key
@@ -188,6 +189,21 @@ class Client:
                 for event in await self.log.read(goal_id, after=after):
                     yield event
                 return
+
+    async def stream(self, goal_id: str, quiet: float = 1.0) -> AsyncIterator[LiveFrame]:
+        """The goal's live text as the models write it (`bus.live`), from now until the goal ends:
+        `text` frames (goal, task, attempt, step, offset in the call's text, text) and `restart`
+        frames (drop what you hold of that task's text: the step is being written again).
+
+        Nothing is replayed: the text written before this call, and every finished step, are in the
+        goal's events and results. The goal is checked after each `quiet` second without a frame."""
+        await self.get(goal_id)
+        async with Subscription(self.redis, self.keys, goal_id) as sub:
+            async for frame in sub.frames(quiet):
+                if frame is not None:
+                    yield frame
+                elif (await self.get(goal_id)).terminal:
+                    return
 
     # -- tenants (bus.tenants) -------------------------------------------------------------------
     async def tenant_set(

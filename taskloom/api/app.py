@@ -43,6 +43,7 @@ from planner.dag import render_json, render_mermaid
 
 from .. import health
 from ..metrics import REGISTRY
+from . import live
 from . import models as m
 from .auth import SCOPES, Principal, TokenBook
 
@@ -260,7 +261,7 @@ def principal(
         return Principal("local", frozenset(SCOPES))
     token = creds.credentials if creds is not None else None
     # EventSource cannot send headers: event streams also take the token as `access_token`.
-    if token is None and request.url.path.endswith("/events"):
+    if token is None and request.url.path.endswith(("/events", "/stream")):
         token = request.query_params.get("access_token")
     if not token:
         raise ApiError(401, "unauthorized", "an API token is required: send `Authorization: Bearer <token>`")
@@ -615,6 +616,8 @@ def create_app(
             tail = await client().redis.xrevrange(client().keys.global_events(), count=1)
             start = (tail[0][0].decode() if isinstance(tail[0][0], bytes) else str(tail[0][0])) if tail else "0-0"
         return _sse(_follow(client(), None, start), app.state.draining)
+
+    app.include_router(live.router(need("read"), client))  # GET /v1/goals/{id}/stream
 
     # -- approvals ----------------------------------------------------------------------------
 

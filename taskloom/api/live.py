@@ -1,0 +1,149 @@
+"""`GET /v1/goals/{id}/stream`: a goal's durable events and its models' words as they are written.
+
+One server-sent event stream: every durable event of the goal exactly as `/v1/goals/{id}/events`
+sends it (`id:` its stream position, `data:` the Event), interleaved with frames that are never
+stored (`bus.live`): `event: text` (goal, task, attempt, step, offset in the call's text, text) and
+`event: restart` (drop what you hold of that task's text: the step is being written again). Live
+frames carry no id: a reconnect with `Last-Event-ID` resumes the durable events exactly, and the
+text from the moment it reconnected. Ends with `event: end` when the goal has ended.
+
+A router of its own, included by `create_app`; it takes the app's read-scope dependency and its
+client, so that it needs nothing else from the app module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
+
+from bus.client import Client
+from bus.events import CorruptRecord
+from bus.schemas import GOAL_ID_PATTERN
+from bus.store import NotFound
+
+KEEPALIVE_S = 15.0
+SHUTDOWN_RETRY_MS = 1000
+_POSITION = re.compile(r"\d+(-\d+)?")
+
+DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "description": "server-sent events: the goal's events as `/events` sends them (`id` the stream "
+        "position, `data` an Event), and, never stored and without an id, `event: text` frames "
+        '(`{"type": "text", "goal", "task", "attempt", "step", "offset", "text"}`: the next piece of a '
+        "model call's text, `offset` its place in that call's text) and `event: restart` frames "
+        '(`{"type": "restart", "goal", "task", "attempt", "step"}`: drop the task\'s text so far, it is '
+        "written again); `event: end` when the goal has ended; `event: shutdown` when the server stops",
+    },
+    404: {"description": "no such goal"},
+    422: {"description": "an invalid position; `field` names it"},
+}
+
+
+def router(reader: Callable[..., Any], client: Callable[[], Client]) -> APIRouter:
+    """The route, guarded by `reader` (the app's read-scope dependency), over the app's `client`."""
+    routes = APIRouter()
+
+    @routes.get(
+        "/v1/goals/{goal_id}/stream",
+        response_class=StreamingResponse,
+        tags=["events"],
+        responses=DOC,
+        dependencies=[Depends(reader)],
+    )
+    async def goal_stream(
+        request: Request,
+        goal_id: Annotated[str, Path(description="the goal id", max_length=64)],
+        last_event_id: Annotated[
+            str | None, Header(alias="Last-Event-ID", description="resume the events after this position")
+        ] = None,
+        after: Annotated[str | None, Query(description="resume the events after this position")] = None,
+        access_token: Annotated[str | None, Query(description="the token, for EventSource (no headers)")] = None,
+    ) -> StreamingResponse:
+        """The goal's events and, live, its models' words as they are written, until the goal ends."""
+        c = client()
+        if not re.match(GOAL_ID_PATTERN, goal_id):
+            raise NotFound("goal", goal_id)
+        await c.get(goal_id)
+        start = _position(last_event_id, "Last-Event-ID") or _position(after, "after")
+        frames = _frames(c, goal_id, start, request.app.state.draining)
+        return StreamingResponse(
+            frames, media_type="text/event-stream", headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        )
+
+    return routes
+
+
+def _position(value: str | None, field: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not _POSITION.fullmatch(value):
+        where = "header" if field == "Last-Event-ID" else "query"
+        message = f"expected an event position like 1718000000000-0, got {value!r}"
+        raise RequestValidationError([{"type": "value_error", "loc": (where, field), "msg": message, "input": value}])
+    return value
+
+
+async def _frames(c: Client, goal_id: str, after: str | None, draining: asyncio.Event) -> AsyncIterator[str]:
+    """The SSE text: live frames and durable events as they arrive, in arrival order (a step's words
+    are published before the step is stored, so they come before the events the step causes)."""
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+    subscribed = asyncio.Event()
+
+    async def live() -> None:
+        stream = c.stream(goal_id)
+        first = asyncio.ensure_future(anext(stream, None))
+        await asyncio.sleep(0)  # the subscription is sent before the events are read
+        subscribed.set()
+        frame = await first
+        while frame is not None:
+            await queue.put(f"event: {frame.type}\ndata: {frame.model_dump_json()}\n\n")
+            frame = await anext(stream, None)
+
+    async def durable() -> None:
+        await subscribed.wait()
+        async for event in c.events(goal_id, after=after, follow=True):
+            await queue.put(f"id: {event.position}\ndata: {event.model_dump_json()}\n\n")
+        await queue.put(None)  # the goal ended: every event of it is out
+
+    workers = [asyncio.create_task(live()), asyncio.create_task(durable())]
+    stop = asyncio.create_task(draining.wait())
+    try:
+        yield "retry: 2000\n\n"
+        while True:
+            got = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait(
+                {got, stop, workers[1]}, timeout=KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED
+            )
+            if got in done:
+                item = got.result()
+                if item is None:
+                    yield "event: end\ndata: {}\n\n"
+                    return
+                yield item
+                continue
+            got.cancel()
+            if stop in done:
+                yield f'retry: {SHUTDOWN_RETRY_MS}\nevent: shutdown\ndata: {{"reconnect": true}}\n\n'
+                return
+            if workers[1].done() and workers[1].exception() is not None:
+                exc = workers[1].exception()
+                if isinstance(exc, (NotFound, CorruptRecord)):
+                    yield "event: end\ndata: {}\n\n"
+                    return
+                raise exc  # type: ignore[misc]
+            if not done:
+                yield ": keepalive\n\n"
+    finally:
+        for task in (*workers, stop):
+            task.cancel()
+        for task in (*workers, stop):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -1,0 +1,97 @@
+"""Live text end to end in one process: real workers (the demo model, streaming a few words at a time)
+on a real Redis, the real API app over HTTP, `GET /v1/goals/{id}/stream` and `Client.stream`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx2
+import pytest
+from arq.connections import ArqRedis
+from test_api import serving
+
+from bus.live import LiveFrame
+from llm.demo import DemoModel
+from taskloom.api.app import ApiConfig
+from taskloom.api.auth import TokenBook, entry_for, parse_tokens
+from taskloom.settings import load_settings
+from taskloom.testing import InProcessFleet
+
+# The demo answers with the prompt's lines that name an order ("Summary: ..."): a long one, which it
+# writes over its latency, 3 words at a time.
+GOAL = "Sum up order A100 slowly: " + " ".join(f"word{i}" for i in range(60))
+
+
+@pytest.fixture
+async def fleet(redis: ArqRedis, prefix: str) -> AsyncIterator[InProcessFleet]:
+    settings = load_settings(key_prefix=prefix, poll_delay=0.05)
+    async with InProcessFleet(model=DemoModel(latency=0.8), tools=[], settings=settings, redis=redis) as f:
+        yield f
+
+
+async def _frames(http: httpx2.AsyncClient, path: str) -> list[tuple[str, str, str]]:
+    """(event, id, data) of every frame until the stream ends."""
+    frames: list[tuple[str, str, str]] = []
+    cur: dict[str, str] = {}
+    async with http.stream("GET", path, headers={"Authorization": "Bearer secret-reader"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        async for line in r.aiter_lines():
+            if line == "":
+                if "data" in cur:
+                    frames.append((cur.get("event", "message"), cur.get("id", ""), cur["data"]))
+                cur = {}
+            elif not line.startswith(":"):
+                k, _, v = line.partition(":")
+                cur[k] = v.lstrip()
+    return frames
+
+
+async def test_sse_stream_sends_the_words_before_the_task_goes_to_review(fleet: InProcessFleet) -> None:
+    client = fleet.client
+    assert client is not None
+    book = TokenBook(parse_tokens(entry_for("reader", ("read",), "secret-reader"), "test"))
+    async with serving(client, ApiConfig(tokens=book)) as url:
+        async with httpx2.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
+            gid = await fleet.submit(GOAL)
+            frames, via_client = await asyncio.gather(
+                _frames(http, f"/v1/goals/{gid}/stream"), _collect(client.stream(gid))
+            )
+    result = await fleet.settle(gid)
+    assert result.state.value == "succeeded"
+    answer = result.answer
+    assert answer is not None and answer.startswith("Summary:") and "word59" in answer
+    kinds = [e for e, _, _ in frames]
+    assert kinds[-1] == "end"
+    texts = [json.loads(d) for e, _, d in frames if e == "text"]
+    assert len(texts) >= 3, kinds  # batched, but several batches over the call's latency
+    assert {(t["goal"], t["task"], t["attempt"], t["step"]) for t in texts} == {(gid, "goal", 1, 0)}
+    assert [t["offset"] for t in texts] == [sum(len(u["text"]) for u in texts[:i]) for i in range(len(texts))]
+    assert "".join(t["text"] for t in texts) == answer
+    # Durable events keep their ids (resumable); live frames have none.
+    durable = [(i, json.loads(d)) for i, (e, _, d) in enumerate(frames) if e == "message"]
+    assert all(frames[i][1] == ev["position"] for i, ev in durable)
+    assert all(not frames[i][1] for i, (e, _, _) in enumerate(frames) if e == "text")
+    reviewing = next(
+        i for i, ev in durable if ev["type"] == "task.state" and ev["data"].get("state") == "reviewing"
+    )
+    last_text = max(i for i, (e, _, _) in enumerate(frames) if e == "text")
+    assert last_text < reviewing, kinds
+    # Client.stream saw the same words, and ended with the goal.
+    assert "".join(f.text for f in via_client if f.type == "text") == answer
+
+
+async def _collect(frames: AsyncIterator[LiveFrame]) -> list[LiveFrame]:
+    return [f async for f in frames]
+
+
+async def test_stream_of_an_unknown_goal_is_404(fleet: InProcessFleet) -> None:
+    assert fleet.client is not None
+    book = TokenBook(parse_tokens(entry_for("reader", ("read",), "secret-reader"), "test"))
+    async with serving(fleet.client, ApiConfig(tokens=book)) as url:
+        async with httpx2.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
+            r = await http.get("/v1/goals/" + "0" * 32 + "/stream", headers={"Authorization": "Bearer secret-reader"})
+            assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+            r = await http.get("/v1/goals/" + "0" * 32 + "/stream")
+            assert r.status_code == 401
