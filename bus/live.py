@@ -194,7 +194,12 @@ class LiveCall:
         self._last = asyncio.ensure_future(send())
 
     async def close(self) -> None:
-        """Send what is still waiting, and wait until every batch of the call is out."""
+        """Send what is still waiting, and wait until every batch of the call is out (again and
+        again: a sink flushed by the metered model is closed by its caller too)."""
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Send what is still waiting, and wait until every batch sent so far is out."""
         if self._pending_chars:
             self._flush(self.publisher.clock())
         elif self._timer is not None:
@@ -215,6 +220,41 @@ def parse_frame(data: bytes | str) -> LiveFrame | None:
     except ValidationError as exc:
         log.warning("live.bad_frame", error=str(exc.errors(include_url=False)[:1]))
         return None
+
+
+@dataclass
+class TaskText:
+    """The text a watcher holds for one task: that of its latest streamed call."""
+
+    attempt: int
+    step: int
+    text: str = ""
+    gap: bool = False  # joined mid-call: the text's start was never seen
+    restarted: int = 0  # restart frames seen for the task
+
+
+class LiveTexts:
+    """A watcher's view of a goal's live text, one `TaskText` per task (the console's rule, in
+    Python): a frame's text lands at its `offset` (`held[:offset] + text`, so a call that starts
+    again at 0 replaces what was held); a newer attempt or step starts afresh; `restart` clears."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, TaskText] = {}
+
+    def apply(self, frame: LiveFrame) -> TaskText:
+        held = self.tasks.get(frame.task)
+        if frame.type == "restart":
+            count = held.restarted + 1 if held is not None else 1
+            self.tasks[frame.task] = TaskText(frame.attempt, frame.step, restarted=count)
+            return self.tasks[frame.task]
+        if held is None or (frame.attempt, frame.step) != (held.attempt, held.step):
+            held = TaskText(frame.attempt, frame.step, restarted=held.restarted if held is not None else 0)
+            self.tasks[frame.task] = held
+        if frame.offset > len(held.text):
+            held.text, held.gap = held.text + frame.text, True
+        else:
+            held.text = held.text[: frame.offset] + frame.text
+        return held
 
 
 class Subscription:

@@ -67,11 +67,14 @@ def error_kind(exc: BaseException) -> str:
 
 
 @runtime_checkable
-class RestartableSink(TextSink, Protocol):
-    """A text sink that can be told its text so far is void: a failover's next model writes the
-    reply anew from its first word (`bus.live.LiveCall`)."""
+class LiveSink(TextSink, Protocol):
+    """A text sink that delivers elsewhere (`bus.live.LiveCall`): told when its text so far is void
+    (a failover's next model writes the reply anew), and flushed when the reply is complete, before
+    the call's own events (`model.serving`, ...), so that a watcher reads the words first."""
 
     def restart(self) -> None: ...
+
+    async def flush(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,7 @@ class MeteredModel:
             model = chain[i]
             if kind == "probe" and not await self.breaker.claim_probe(model.model):
                 continue
-            if failure is not None and isinstance(on_text, RestartableSink):
+            if failure is not None and isinstance(on_text, LiveSink):
                 on_text.restart()  # the failed model may have streamed part of its reply
             try:
                 response = await self._complete(model, labels[i], request, span, first=i == 0, on_text=on_text)
@@ -303,6 +306,8 @@ class MeteredModel:
             failure = exc
             raise
         finally:
+            if isinstance(on_text, LiveSink):
+                await on_text.flush()
             self._observe(inner, response, failure, time.perf_counter() - started)
             # Shielded: a second cancellation must not stop the write (the reservation would still
             # be forfeited when it expires, but its tokens would be held until then).

@@ -10,7 +10,7 @@ import pytest
 from arq.connections import ArqRedis
 
 from bus.keys import Keys
-from bus.live import Batching, LiveFrame, LivePublisher, Subscription, flush_due
+from bus.live import Batching, LiveFrame, LivePublisher, LiveTexts, Subscription, flush_due
 
 B = Batching(interval=0.1, max_chars=400)
 
@@ -114,3 +114,25 @@ async def _numsub_calls(redis: ArqRedis) -> int:
     """PUBSUB calls (Redis 7 counts `pubsub|numsub`, 6.2 all PUBSUB subcommands as `pubsub`)."""
     stats = await redis.info("commandstats")
     return sum(int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_pubsub|numsub", "cmdstat_pubsub"))
+
+
+def _text(task: str, offset: int, text: str, attempt: int = 1, step: int = 0) -> LiveFrame:
+    return LiveFrame(type="text", goal="g", task=task, attempt=attempt, step=step, offset=offset, text=text)
+
+
+def test_live_texts_place_each_piece_at_its_offset() -> None:
+    texts = LiveTexts()
+    texts.apply(_text("a", 0, "Hello "))
+    texts.apply(_text("b", 0, "Other"))
+    assert texts.apply(_text("a", 6, "world")).text == "Hello world"
+    # A call that starts again at 0 (a re-run the watcher was not told about) replaces the text.
+    assert texts.apply(_text("a", 0, "Hi")).text == "Hi"
+    # A restart frame clears the task and counts; the next step or attempt starts afresh.
+    cleared = texts.apply(LiveFrame(type="restart", goal="g", task="a", attempt=1, step=0))
+    assert (cleared.text, cleared.restarted) == ("", 1)
+    assert texts.apply(_text("a", 0, "new", step=1)).text == "new" and texts.tasks["a"].restarted == 1
+    assert texts.apply(_text("a", 0, "next try", attempt=2)).text == "next try"
+    # Joined mid-call: the piece is kept, marked as missing its start.
+    late = texts.apply(_text("c", 40, "tail"))
+    assert (late.text, late.gap) == ("tail", True)
+    assert texts.tasks["b"].text == "Other"

@@ -25,7 +25,8 @@ from fastapi.responses import StreamingResponse
 
 from bus.client import Client
 from bus.events import CorruptRecord
-from bus.schemas import GOAL_ID_PATTERN
+from bus.live import LiveFrame
+from bus.schemas import GOAL_ID_PATTERN, Event
 from bus.store import NotFound
 
 KEEPALIVE_S = 15.0
@@ -92,58 +93,40 @@ def _position(value: str | None, field: str) -> str | None:
 
 
 async def _frames(c: Client, goal_id: str, after: str | None, draining: asyncio.Event) -> AsyncIterator[str]:
-    """The SSE text: live frames and durable events as they arrive, in arrival order (a step's words
-    are published before the step is stored, so they come before the events the step causes)."""
-    queue: asyncio.Queue[str | None] = asyncio.Queue()
-    subscribed = asyncio.Event()
-
-    async def live() -> None:
-        stream = c.stream(goal_id)
-        first = asyncio.ensure_future(anext(stream, None))
-        await asyncio.sleep(0)  # the subscription is sent before the events are read
-        subscribed.set()
-        frame = await first
-        while frame is not None:
-            await queue.put(f"event: {frame.type}\ndata: {frame.model_dump_json()}\n\n")
-            frame = await anext(stream, None)
-
-    async def durable() -> None:
-        await subscribed.wait()
-        async for event in c.events(goal_id, after=after, follow=True):
-            await queue.put(f"id: {event.position}\ndata: {event.model_dump_json()}\n\n")
-        await queue.put(None)  # the goal ended: every event of it is out
-
-    workers = [asyncio.create_task(live()), asyncio.create_task(durable())]
+    """The SSE text of `Client.follow`: durable events with their ids, live frames as named events
+    without one; a keepalive comment after 15 s of silence; `shutdown` when the server stops."""
+    items = c.follow(goal_id, after)
     stop = asyncio.create_task(draining.wait())
+    pending: asyncio.Task[Event | LiveFrame | None] | None = None
     try:
         yield "retry: 2000\n\n"
         while True:
-            got = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait(
-                {got, stop, workers[1]}, timeout=KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED
-            )
-            if got in done:
-                item = got.result()
+            if pending is None:
+                pending = asyncio.ensure_future(anext(items, None))
+            done, _ = await asyncio.wait({pending, stop}, timeout=KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED)
+            if pending in done:
+                try:
+                    item = pending.result()
+                except (NotFound, CorruptRecord):
+                    item = None  # the goal's records went away (retention) or broke: the stream ends
+                pending = None
                 if item is None:
                     yield "event: end\ndata: {}\n\n"
                     return
-                yield item
-                continue
-            got.cancel()
-            if stop in done:
+                if isinstance(item, LiveFrame):
+                    yield f"event: {item.type}\ndata: {item.model_dump_json()}\n\n"
+                else:
+                    yield f"id: {item.position}\ndata: {item.model_dump_json()}\n\n"
+            elif stop in done:
                 yield f'retry: {SHUTDOWN_RETRY_MS}\nevent: shutdown\ndata: {{"reconnect": true}}\n\n'
                 return
-            if workers[1].done() and workers[1].exception() is not None:
-                exc = workers[1].exception()
-                if isinstance(exc, (NotFound, CorruptRecord)):
-                    yield "event: end\ndata: {}\n\n"
-                    return
-                raise exc  # type: ignore[misc]
-            if not done:
+            else:
                 yield ": keepalive\n\n"
     finally:
-        for task in (*workers, stop):
-            task.cancel()
-        for task in (*workers, stop):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        for task in (pending, stop):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        with contextlib.suppress(RuntimeError):  # a generator cancelled mid-read is already closed
+            await items.aclose()

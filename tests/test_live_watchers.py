@@ -1,17 +1,22 @@
-"""Live text end to end in one process: real workers (the demo model, streaming a few words at a time)
-on a real Redis, the real API app over HTTP, `GET /v1/goals/{id}/stream` and `Client.stream`."""
+"""Live text to its watchers: real workers (the demo model, streaming a few words at a time) on a real
+Redis; the real API app over HTTP (`GET /v1/goals/{id}/stream`), `Client.stream`, `taskloom watch` as
+a process, and `taskloom run`'s live view."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import AsyncIterator
 
 import httpx2
 import pytest
 from arq.connections import ArqRedis
+from helpers import TASKLOOM, eventually
 from test_api import serving
 
+from bus.client import Client
+from bus.keys import Keys
 from bus.live import LiveFrame
 from llm.demo import DemoModel
 from taskloom.api.app import ApiConfig
@@ -24,10 +29,14 @@ from taskloom.testing import InProcessFleet
 GOAL = "Sum up order A100 slowly: " + " ".join(f"word{i}" for i in range(60))
 
 
+def _fleet(redis: ArqRedis, prefix: str) -> InProcessFleet:
+    settings = load_settings(key_prefix=prefix, poll_delay=0.05)
+    return InProcessFleet(model=DemoModel(latency=0.8), tools=[], settings=settings, redis=redis)
+
+
 @pytest.fixture
 async def fleet(redis: ArqRedis, prefix: str) -> AsyncIterator[InProcessFleet]:
-    settings = load_settings(key_prefix=prefix, poll_delay=0.05)
-    async with InProcessFleet(model=DemoModel(latency=0.8), tools=[], settings=settings, redis=redis) as f:
+    async with _fleet(redis, prefix) as f:
         yield f
 
 
@@ -73,9 +82,7 @@ async def test_sse_stream_sends_the_words_before_the_task_goes_to_review(fleet: 
     durable = [(i, json.loads(d)) for i, (e, _, d) in enumerate(frames) if e == "message"]
     assert all(frames[i][1] == ev["position"] for i, ev in durable)
     assert all(not frames[i][1] for i, (e, _, _) in enumerate(frames) if e == "text")
-    reviewing = next(
-        i for i, ev in durable if ev["type"] == "task.state" and ev["data"].get("state") == "reviewing"
-    )
+    reviewing = next(i for i, ev in durable if ev["type"] == "task.state" and ev["data"].get("state") == "reviewing")
     last_text = max(i for i, (e, _, _) in enumerate(frames) if e == "text")
     assert last_text < reviewing, kinds
     # Client.stream saw the same words, and ended with the goal.
@@ -95,3 +102,69 @@ async def test_stream_of_an_unknown_goal_is_404(fleet: InProcessFleet) -> None:
             assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
             r = await http.get("/v1/goals/" + "0" * 32 + "/stream")
             assert r.status_code == 401
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([*TASKLOOM, *args], env=env, stdout=subprocess.PIPE, text=True)
+
+
+async def test_watch_prints_the_words_before_the_review_then_the_answer(
+    redis: ArqRedis, keys: Keys, prefix: str, subprocess_env: dict[str, str]
+) -> None:
+    """`taskloom watch` subscribes, the fleet starts, the answer is printed as it is written (before
+    the task's move to review), then the state and the answer; `--no-stream` prints events only."""
+    client = Client(redis, keys, 50_000)
+    gid = await client.submit(GOAL)
+    watch = _spawn(["watch", gid, "--timeout", "60"], subprocess_env)
+    quiet = _spawn(["watch", gid, "--no-stream", "--timeout", "60"], subprocess_env)
+    try:
+
+        async def subscribed() -> bool:
+            reply = await redis.pubsub_numsub(keys.live(gid))
+            return int(reply[0][1]) >= 1
+
+        await eventually(subscribed, timeout=30)
+        await asyncio.sleep(1.0)  # the --no-stream watcher, which has no subscription to wait for
+        async with _fleet(redis, prefix) as fleet:
+            result = await fleet.settle(gid)
+        out, _ = await asyncio.to_thread(watch.communicate, timeout=60)
+        plain, _ = await asyncio.to_thread(quiet.communicate, timeout=60)
+    finally:
+        for proc in (watch, quiet):
+            if proc.poll() is None:
+                proc.kill()
+    answer = result.answer
+    assert answer is not None and watch.returncode == 0 and quiet.returncode == 0
+    lines = out.splitlines()
+    header = lines.index("goal (attempt 1, step 0) writes:")
+    reviewing = next(i for i, line in enumerate(lines) if "task.state [goal]" in line and "state=reviewing" in line)
+    assert header < reviewing
+    assert "\n".join(lines[header + 1 : header + 1 + answer.count("\n") + 1]) == answer
+    assert lines[-1 - answer.count("\n") :] == answer.splitlines()  # then the answer, once more, at the end
+    assert "writes:" not in plain and "state=reviewing" in plain
+
+
+def test_run_view_shows_a_running_task_s_words() -> None:
+    """`taskloom run`'s live tree: a running task's text under its node, gone once it is in review."""
+    from rich.console import Console
+
+    from bus.client import GoalStatus
+    from bus.live import LiveTexts
+    from bus.schemas import Goal, GoalRecord, GoalState, Plan, StoredPlan, TaskRecord, TaskSpec, TaskState
+    from taskloom.runner import render
+
+    spec = TaskSpec(id="t1", title="Write", instructions="write", definition_of_done="written")
+    goal = GoalRecord(id="g" * 32, goal=Goal(text="x"), state=GoalState.RUNNING, budget_tokens=1000, plan_version=1)
+    texts = LiveTexts()
+    texts.apply(LiveFrame(type="text", goal=goal.id, task="t1", attempt=1, step=0, text="Dear customer, your refund"))
+
+    def shown(state: TaskState) -> str:
+        task = TaskRecord(goal_id=goal.id, task_id="t1", state=state, attempt=1, plan_version=1)
+        plan = StoredPlan(goal_id=goal.id, version=1, plan=Plan(tasks=[spec]))
+        status = GoalStatus(goal=goal, plan=plan, tasks=[task])
+        console = Console(width=100, record=True)
+        console.print(render(status, None, 1.0, texts))
+        return console.export_text()
+
+    assert "writing: Dear customer, your refund" in shown(TaskState.RUNNING)
+    assert "Dear customer" not in shown(TaskState.REVIEWING)
