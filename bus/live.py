@@ -88,6 +88,16 @@ class LivePublisher:
         self._listeners: dict[str, tuple[float, bool]] = {}  # goal -> (checked at, anyone listening)
         self._checks: dict[str, asyncio.Future[bool]] = {}  # a NUMSUB in flight, shared by the goal's calls
 
+    async def sink(
+        self, goal_id: str, task_id: str, attempt: int, step: int, *, restart: bool = False
+    ) -> LiveCall | None:
+        """The sink of one model call when someone watches the goal now, else None: the call is then
+        made without streaming at all (a plain reply costs the worker far less CPU than a stream's
+        hundreds of reads), and a watcher who arrives mid-call sees the step when it is stored."""
+        if not await self.listening(goal_id):
+            return None
+        return self.call(goal_id, task_id, attempt, step, restart=restart)
+
     def call(self, goal_id: str, task_id: str, attempt: int, step: int, *, restart: bool = False) -> LiveCall:
         """The sink of one model call writing step `step` of the attempt; `restart`: the step may
         have been streamed before (by this attempt's earlier run), so watchers are told to drop it."""

@@ -203,11 +203,14 @@ class Loop:
                 return self._result(reason, state, usage, answer)
 
     async def _call(self, request: ModelRequest, step: int, restart: bool) -> ModelResponse:
-        """One model call; with live text on, its words go to the goal's watchers as they come."""
-        if self.live is None:
-            return await self.model.complete(request)
+        """One model call; with live text on and someone watching the goal, its words go to them as
+        they come (streamed); otherwise a plain call."""
         task = self.task
-        sink = self.live.call(task.goal.id, task.spec.id, task.attempt, step, restart=restart)
+        sink = None
+        if self.live is not None:
+            sink = await self.live.sink(task.goal.id, task.spec.id, task.attempt, step, restart=restart)
+        if sink is None:
+            return await self.model.complete(request)
         try:
             return await self.model.complete(request, on_text=sink)
         finally:

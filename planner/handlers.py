@@ -180,7 +180,7 @@ async def _route(rt: Runtime, goal: GoalRecord, tools: list[ToolDef], catalog: l
     """The first planning call, route first: the goal's tools and submit_plan are offered together."""
     # A goal answered in text is answered by this very call: its words stream as the routed task's
     # first step (the task it becomes, attempt 1, step 0), so a watcher sees the answer being written.
-    sink = rt.live.call(goal.id, ROUTED_TASK_ID, 1, 0) if rt.live is not None else None
+    sink = await rt.live.sink(goal.id, ROUTED_TASK_ID, 1, 0) if rt.live is not None else None
     try:
         return await rt.within_budget(
             goal.id,

@@ -136,3 +136,15 @@ def test_live_texts_place_each_piece_at_its_offset() -> None:
     late = texts.apply(_text("c", 40, "tail"))
     assert (late.text, late.gap) == ("tail", True)
     assert texts.tasks["b"].text == "Other"
+
+
+async def test_a_call_streams_only_while_someone_watches_the_goal(redis: ArqRedis, keys: Keys) -> None:
+    """Nobody watching: no sink, so the model call is a plain one (no stream, no batches)."""
+    publisher = LivePublisher(redis, keys, listener_ttl=0)
+    assert await publisher.sink("g1", "t1", 1, 0) is None
+    async with Subscription(redis, keys, "g1") as sub:
+        sink = await publisher.sink("g1", "t1", 1, 0, restart=True)
+        assert sink is not None
+        await sink.close()
+        frame = await sub.next(1.0)
+    assert frame is not None and frame.type == "restart"

@@ -57,17 +57,24 @@ async def _frames(http: httpx2.AsyncClient, path: str) -> list[tuple[str, str, s
     return frames
 
 
-async def test_sse_stream_sends_the_words_before_the_task_goes_to_review(fleet: InProcessFleet) -> None:
-    client = fleet.client
-    assert client is not None
+async def test_sse_stream_sends_the_words_before_the_task_goes_to_review(
+    redis: ArqRedis, keys: Keys, prefix: str
+) -> None:
+    """Watchers first (the models stream only while someone watches), then the fleet."""
+    client = Client(redis, keys, 50_000)
     book = TokenBook(parse_tokens(entry_for("reader", ("read",), "secret-reader"), "test"))
     async with serving(client, ApiConfig(tokens=book)) as url:
         async with httpx2.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
-            gid = await fleet.submit(GOAL)
-            frames, via_client = await asyncio.gather(
-                _frames(http, f"/v1/goals/{gid}/stream"), _collect(client.stream(gid))
-            )
-    result = await fleet.settle(gid)
+            gid = await client.submit(GOAL)
+            watching = asyncio.gather(_frames(http, f"/v1/goals/{gid}/stream"), _collect(client.stream(gid)))
+
+            async def both_subscribed() -> bool:
+                return int((await redis.pubsub_numsub(keys.live(gid)))[0][1]) >= 2
+
+            await eventually(both_subscribed, timeout=20)
+            async with _fleet(redis, prefix) as fleet:
+                frames, via_client = await watching
+                result = await fleet.settle(gid)
     assert result.state.value == "succeeded"
     answer = result.answer
     assert answer is not None and answer.startswith("Summary:") and "word59" in answer
