@@ -1,17 +1,19 @@
 """What live text costs a worker: CPU and Redis commands per model call, streamed or not.
 
-    python -m bench.streaming [--redis-url redis://127.0.0.1:6379/0] [--goals 10] [--rounds 2]
+    python -m bench.streaming [--redis-url redis://127.0.0.1:6379/0 | embedded] [--goals 10] [--rounds 2]
                               [--tokens 1000] [--pace 0.02]
 
 Each call is an executor's request through the worker's metered model (`build_runtime`: the ledger's
 reserve and settle around it), to the fake Messages API answering `--tokens` output tokens of text
 (4 characters a token, sent as SSE deltas of 16 characters, one every `--pace` seconds when
-streamed). Three rows, each `--goals` calls at once (one goal each), `--rounds` times:
+streamed). Rows, each `--goals` calls at once (one goal each), `--rounds` times:
 
-- not streamed: `complete(request)`, a plain HTTP reply (what `TASKLOOM_STREAM=false` runs);
-- streamed, nobody listening: `complete(request, on_text=LiveCall)` over the streaming API;
-- streamed, a listener on every goal (another connection subscribed to each goal's channel, in this
-  orchestrating process; its deliveries are counted to check every batch arrived).
+- streaming off: `complete(request)`, a plain HTTP reply (what `TASKLOOM_STREAM=false` runs);
+- streaming on, nobody listening: as the executor calls (`LivePublisher.sink` first: nobody
+  watches, so a plain call);
+- streaming on, a listener on every goal (another connection subscribed to each goal's channel, in
+  this orchestrating process; its deliveries are counted: the batches);
+- for reference, streamed although nobody listens: what the stream itself costs the worker.
 
 The calls run in a process of their own (`measure`), so that its CPU (`time.process_time`) is the
 worker's alone: the fake API and the listener run here. Commands are `INFO commandstats` deltas
@@ -34,6 +36,7 @@ from arq import create_pool
 
 from bench._harness import DEFAULT_REDIS, FAKE_KEY, FAKE_MODEL, REPO, Bench, bench_redis, command_counts
 from bus.connection import redis_settings
+from bus.live import LiveCall
 from executor.loop import SYSTEM
 from executor.registry import ToolRegistry
 from llm.testing import FakeAnthropicServer, RecordedRequest, Reply, Script
@@ -102,7 +105,15 @@ async def measure(
                 await model.complete(request(goal_id))
                 return
             assert rt.live is not None
-            sink = rt.live.call(goal_id, "t1", 1, 0)
+            # As the executor's loop does (`LivePublisher.sink`: None while nobody watches), or,
+            # `forced`, streamed whether or not anyone watches (what a stream itself costs).
+            if mode == "forced":
+                sink: LiveCall | None = rt.live.call(goal_id, "t1", 1, 0)
+            else:
+                sink = await rt.live.sink(goal_id, "t1", 1, 0)
+            if sink is None:
+                await model.complete(request(goal_id))
+                return
             try:
                 await model.complete(request(goal_id), on_text=sink)
             finally:
@@ -126,7 +137,9 @@ async def measure(
             "pubsub_per_call": pubsub / calls,
         }
     finally:
-        await inner.aclose()
+        close = getattr(inner, "aclose", None)
+        if close is not None:
+            await close()
         await redis.aclose()
 
 
@@ -175,7 +188,7 @@ async def row(bench: Bench, base_url: str, name: str, mode: str, goals: int, rou
 
 
 def table(rows: list[Row], tokens: int, pace: float, where: str) -> str:
-    plain, silent, heard = rows
+    plain, silent, heard, _ = rows
     lines = [
         f"bench.streaming: {tokens}-token answers ({tokens * 4} characters, SSE deltas of 16 every {pace:g} s), "
         f"{plain.calls} calls per row, Redis: {where}",
@@ -188,7 +201,9 @@ def table(rows: list[Row], tokens: int, pace: float, where: str) -> str:
             f"| {r.name} | {r.cpu_ms_per_call:.2f} | {r.commands_per_call:.2f} | {r.publish_per_call:.2f} | "
             f"{r.pubsub_per_call:.2f} | {r.batches_per_call:.1f} |"
         )
-    extra = heard.commands_per_call - plain.commands_per_call
+    # Live text's own commands: PUBLISH and PUBSUB NUMSUB (the rest is the call's, as streaming off,
+    # plus redis-py's CLIENT SETINFO when the pool opens a connection for a concurrent send).
+    extra = heard.publish_per_call + heard.pubsub_per_call
     per_batch = extra / heard.batches_per_call if heard.batches_per_call else float("inf")
     silent_extra = silent.commands_per_call - plain.commands_per_call
     ok = {
@@ -203,11 +218,12 @@ def table(rows: list[Row], tokens: int, pace: float, where: str) -> str:
         f"| streaming adds <= 10% worker CPU per call | nobody listening "
         f"{silent.cpu_ms_per_call / plain.cpu_ms_per_call - 1:+.1%}, a listener "
         f"{heard.cpu_ms_per_call / plain.cpu_ms_per_call - 1:+.1%} | {'met' if ok['cpu'] else 'MISSED'} |",
-        f"| <= 1 Redis command per batch (with a listener) | {per_batch:.2f} ({extra:.2f} commands for "
-        f"{heard.batches_per_call:.1f} batches) | {'met' if ok['batch'] else 'MISSED'} |",
-        f"| nothing published while nobody listens | {silent.publish_per_call:.2f} PUBLISH/call; the listener "
-        f"check: {silent_extra:.2f} commands/call (PUBSUB NUMSUB, at most one a second per goal) | "
-        f"{'met' if ok['silent'] else 'MISSED'} |",
+        f"| <= 1 Redis command per batch (with a listener) | {per_batch:.2f} ({heard.publish_per_call:.2f} PUBLISH "
+        f"+ {heard.pubsub_per_call:.2f} PUBSUB NUMSUB for {heard.batches_per_call:.1f} batches; all commands "
+        f"{heard.commands_per_call - plain.commands_per_call:+.2f}/call) | {'met' if ok['batch'] else 'MISSED'} |",
+        f"| nothing while nobody listens | {silent.publish_per_call:.2f} PUBLISH/call, no stream; the listener "
+        f"check before each call: {silent.pubsub_per_call:.2f} PUBSUB NUMSUB/call (at most one a second per "
+        f"goal; all commands {silent_extra:+.2f}/call) | {'met (no PUBLISH)' if ok['silent'] else 'MISSED'} |",
     ]
     return "\n".join(lines)
 
@@ -216,11 +232,16 @@ async def run(url: str, goals: int, rounds: int, tokens: int, pace: float) -> st
     async with bench_redis(url, "streaming") as bench:
         with FakeAnthropicServer() as fake:
             fake.respond_with(Writer(answer_text(tokens), pace))
-            rows = [
-                await row(bench, fake.base_url, "not streamed", "plain", goals, rounds, listen=False),
-                await row(bench, fake.base_url, "streamed, nobody listening", "stream", goals, rounds, listen=False),
-                await row(bench, fake.base_url, "streamed, a listener per goal", "stream", goals, rounds, listen=True),
-            ]
+            url, plan = (
+                fake.base_url,
+                [
+                    ("streaming off", "plain", False),
+                    ("streaming on, nobody listening", "stream", False),
+                    ("streaming on, a listener per goal", "stream", True),
+                    ("(streamed regardless, nobody listening)", "forced", False),
+                ],
+            )
+            rows = [await row(bench, url, name, mode, goals, rounds, listen) for name, mode, listen in plan]
         return table(rows, tokens, pace, bench.where)
 
 
@@ -235,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     # `measure` (the worker's process): where, and which goals.
     parser.add_argument("--base-url", default="")
     parser.add_argument("--prefix", default="")
-    parser.add_argument("--mode", choices=("plain", "stream"), default="plain")
+    parser.add_argument("--mode", choices=("plain", "stream", "forced"), default="plain")
     parser.add_argument("--goal-ids", default="")
     args = parser.parse_args(argv)
     if args.what == "measure":
@@ -243,7 +264,9 @@ def main(argv: list[str] | None = None) -> None:
         got = asyncio.run(measure(args.redis_url, args.base_url, args.prefix, ids, args.rounds, args.mode))
         print(json.dumps(got))
         return
-    print(asyncio.run(run(args.redis_url, args.goals, args.rounds, args.tokens, args.pace)))
+    # `embedded`: a redis-server of this run's own, so that nobody else's commands are counted.
+    url = "redis://127.0.0.1:1/0" if args.redis_url == "embedded" else args.redis_url
+    print(asyncio.run(run(url, args.goals, args.rounds, args.tokens, args.pace)))
 
 
 if __name__ == "__main__":

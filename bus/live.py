@@ -113,9 +113,12 @@ class LivePublisher:
 
     async def listening(self, goal_id: str) -> bool:
         """Whether anyone listens to the goal's channel: `PUBSUB NUMSUB`, asked at most once per
-        `listener_ttl` (concurrent calls of one goal share the question in flight)."""
+        `listener_ttl` while the answer is "nobody" (concurrent calls of one goal share the question
+        in flight), and kept fresh by the replies of the PUBLISHes while it is "someone"."""
         seen = self._listeners.get(goal_id)
-        if seen is not None and self.clock() - seen[0] < self.listener_ttl:
+        # "Nobody" is trusted for `listener_ttl` (a new watcher is noticed within it); "someone" for
+        # longer: a watcher who left costs one PUBLISH, whose reply ("0 received") corrects it.
+        if seen is not None and self.clock() - seen[0] < (self.listener_ttl * 30 if seen[1] else self.listener_ttl):
             return seen[1]
         pending = self._checks.get(goal_id)
         if pending is None:
@@ -138,7 +141,9 @@ class LivePublisher:
         a Redis hiccup must not fail the model call (the durable steps carry every word anyway)."""
         try:
             if await self.listening(goal_id):
-                await self.redis.publish(self.keys.live(goal_id), json.dumps(frame, separators=(",", ":")))
+                heard = await self.redis.publish(self.keys.live(goal_id), json.dumps(frame, separators=(",", ":")))
+                # PUBLISH answers how many received it: the listener check, renewed at no cost.
+                self._listeners[goal_id] = (self.clock(), int(heard) > 0)
         except Exception as exc:
             log.debug("live.publish_failed", goal_id=goal_id, error=repr(exc))
 

@@ -148,3 +148,32 @@ async def test_a_call_streams_only_while_someone_watches_the_goal(redis: ArqRedi
         await sink.close()
         frame = await sub.next(1.0)
     assert frame is not None and frame.type == "restart"
+
+
+async def test_a_known_listener_costs_no_check_and_one_publish_tells_it_left(redis: ArqRedis, keys: Keys) -> None:
+    """While batches go out, PUBLISH's reply is the listener check: no PUBSUB NUMSUB per call; once the
+    listener is gone, one PUBLISH (heard by nobody) says so, and the next batches are not sent."""
+    publisher = LivePublisher(redis, keys, Batching(interval=0.0, max_chars=1), listener_ttl=60)
+    checks, publishes = await _numsub_calls(redis), await _calls(redis, "publish")
+    async with Subscription(redis, keys, "g1") as sub:
+        for step in range(3):
+            sink = await publisher.sink("g1", "t1", 1, step)
+            assert sink is not None
+            sink("words")
+            await sink.close()
+            assert (
+                await sub.next(1.0) or LiveFrame(type="restart", goal="", task="", attempt=1, step=0)
+            ).text == "words"
+    assert await _numsub_calls(redis) - checks == 1
+    late = publisher.call("g1", "t1", 1, 3)  # the listener has left
+    for w in ["a", "b", "c"]:
+        late(w)
+        await asyncio.sleep(0.05)
+    await late.close()
+    assert await _calls(redis, "publish") - publishes == 3 + 1  # "a" learnt that nobody listens: not "b", "c"
+    assert await _numsub_calls(redis) - checks == 1
+
+
+async def _calls(redis: ArqRedis, command: str) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
