@@ -175,3 +175,43 @@ def test_run_view_shows_a_running_task_s_words() -> None:
 
     assert "writing: Dear customer, your refund" in shown(TaskState.RUNNING)
     assert "Dear customer" not in shown(TaskState.REVIEWING)
+
+
+async def test_mcp_wait_goal_reports_progress_with_the_words_being_written(
+    redis: ArqRedis, keys: Keys, prefix: str
+) -> None:
+    """`wait_goal` with a progress callback (an in-process MCP client): state changes and the task's
+    words, then the answer; without one, it waits as before (no live text subscription)."""
+    from mcp import Client as McpClient
+
+    from taskloom.mcp_server import build
+
+    client = Client(redis, keys, 50_000)
+    gid = await client.submit(GOAL)
+    messages: list[str] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    async with McpClient(build(client)) as mcp:
+        call = asyncio.ensure_future(
+            mcp.call_tool(
+                "wait_goal",
+                {"goal_id": gid, "timeout_seconds": 60},
+                progress_callback=progress,
+                meta={"progressToken": "p1"},  # as a host asking for progress sends it
+            )
+        )
+
+        async def subscribed() -> bool:
+            return int((await redis.pubsub_numsub(keys.live(gid)))[0][1]) >= 1
+
+        await eventually(subscribed, timeout=20)
+        async with _fleet(redis, prefix) as fleet:
+            result = await call
+            await fleet.settle(gid)
+    assert not result.is_error and result.structured_content is not None
+    assert result.structured_content["done"] is True and result.structured_content["state"] == "succeeded"
+    writing = [m for m in messages if m.startswith("goal writing: ")]
+    assert writing and "Summary:" in writing[0], messages
+    assert "goal: reviewing" in messages and messages[-1] == "goal: succeeded", messages
