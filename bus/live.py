@@ -93,8 +93,13 @@ class LivePublisher:
     ) -> LiveCall | None:
         """The sink of one model call when someone watches the goal now, else None: the call is then
         made without streaming at all (a plain reply costs the worker far less CPU than a stream's
-        hundreds of reads), and a watcher who arrives mid-call sees the step when it is stored."""
-        if not await self.listening(goal_id):
+        hundreds of reads), and a watcher who arrives mid-call sees the step when it is stored.
+        Never raises: a Redis that cannot answer the question means no live text, not a failed call."""
+        try:
+            if not await self.listening(goal_id):
+                return None
+        except Exception as exc:
+            log.debug("live.check_failed", goal_id=goal_id, error=repr(exc))
             return None
         return self.call(goal_id, task_id, attempt, step, restart=restart)
 

@@ -177,3 +177,14 @@ async def test_a_known_listener_costs_no_check_and_one_publish_tells_it_left(red
 async def _calls(redis: ArqRedis, command: str) -> int:
     stats = await redis.info("commandstats")
     return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_no_redis_answer_means_no_live_text_not_a_failed_call(keys: Keys) -> None:
+    """The listener check against a Redis that refuses connections: no sink (the call goes on unstreamed)."""
+    from redis.asyncio import Redis
+
+    unreachable = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=1)
+    try:
+        assert await LivePublisher(unreachable, keys).sink("g1", "t1", 1, 0) is None
+    finally:
+        await unreachable.aclose()
