@@ -31,7 +31,7 @@ GOAL = "Sum up order A100 slowly: " + " ".join(f"word{i}" for i in range(60))
 
 def _fleet(redis: ArqRedis, prefix: str) -> InProcessFleet:
     settings = load_settings(key_prefix=prefix, poll_delay=0.05)
-    return InProcessFleet(model=DemoModel(latency=0.8), tools=[], settings=settings, redis=redis)
+    return InProcessFleet(model=DemoModel(latency=0.5), tools=[], settings=settings, redis=redis)
 
 
 @pytest.fixture
@@ -115,6 +115,7 @@ def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen([*TASKLOOM, *args], env=env, stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.e2e  # two `taskloom watch` processes: seconds of interpreter start-up, run once in CI
 async def test_watch_prints_the_words_before_the_review_then_the_answer(
     redis: ArqRedis, keys: Keys, prefix: str, subprocess_env: dict[str, str]
 ) -> None:
