@@ -562,7 +562,8 @@ class _Writer:
 @app.command()
 def watch(goal_id: str, timeout: TimeoutOpt = None, as_json: JsonOpt = False, stream: StreamOpt = True) -> None:
     """Follow a goal live until it ends, with the models' words as they are written (`--no-stream`:
-    events only); exit code as for `wait` (4: --timeout passed first)."""
+    events only; `--json`: events and live-text frames, one JSON object a line); exit code as for
+    `wait` (4: --timeout passed first)."""
     writer = _Writer()
 
     async def go(c: Client) -> GoalRecord:
