@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from .events import EventLog
 from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
 from .keys import Keys, arq_result
 from .ledger import Ledger
+from .live import LiveFrame, Subscription
 from .schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, StoredPlan, TaskRecord
 from .store import AlreadyExists, NotFound, Store
 from .synthesis import accepted_key
@@ -89,9 +91,7 @@ class Client:
         gid, _ = await self.submit_once(goal, goal_id)
         return gid
 
-    async def submit_once(
-        self, goal: Goal | Mapping[str, Any] | str, goal_id: str | None = None
-    ) -> tuple[str, bool]:
+    async def submit_once(self, goal: Goal | Mapping[str, Any] | str, goal_id: str | None = None) -> tuple[str, bool]:
         """As `submit`, and whether this call stored the goal: of any number of concurrent calls with
         one `goal_id`, exactly one gets True (the store's atomic create decides), the others False."""
         if isinstance(goal, str):
@@ -186,6 +186,58 @@ class Client:
                 for event in await self.log.read(goal_id, after=after):
                     yield event
                 return
+
+    async def stream(self, goal_id: str, quiet: float = 1.0) -> AsyncIterator[LiveFrame]:
+        """The goal's live text as the models write it (`bus.live`), from now until the goal ends:
+        `text` frames (goal, task, attempt, step, offset in the call's text, text) and `restart`
+        frames (drop what you hold of that task's text: the step is being written again).
+
+        Nothing is replayed: the text written before this call, and every finished step, are in the
+        goal's events and results. The goal is checked after each `quiet` second without a frame."""
+        await self.get(goal_id)
+        async with Subscription(self.redis, self.keys, goal_id) as sub:
+            async for frame in sub.frames(quiet):
+                if frame is not None:
+                    yield frame
+                elif (await self.get(goal_id)).terminal:
+                    return
+
+    async def follow(self, goal_id: str, after: str | None = None) -> AsyncGenerator[Event | LiveFrame, None]:
+        """`events(goal_id, after, follow=True)` with the goal's live frames (`stream`) interleaved as
+        they arrive; ends with the goal's last event. The words of a step come before the events the
+        step causes (the writer publishes them before it stores the step)."""
+        await self.get(goal_id)
+        queue: asyncio.Queue[Event | LiveFrame | BaseException | None] = asyncio.Queue()
+
+        async def live(sub: Subscription) -> None:
+            while True:
+                frame = await sub.next(1.0)
+                if frame is not None:
+                    await queue.put(frame)
+
+        async def durable() -> None:
+            try:
+                async for event in self.events(goal_id, after=after, follow=True):
+                    await queue.put(event)
+                await queue.put(None)
+            except Exception as exc:
+                await queue.put(exc)
+
+        # Subscribed before the first event is read: no word of a step whose events follow is missed.
+        async with Subscription(self.redis, self.keys, goal_id) as sub:
+            pumps = [asyncio.create_task(live(sub)), asyncio.create_task(durable())]
+            try:
+                while True:
+                    item = await queue.get()
+                    if item is None:
+                        return
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+            finally:
+                for pump in pumps:
+                    pump.cancel()
+                await asyncio.gather(*pumps, return_exceptions=True)
 
     # -- tenants (bus.tenants) -------------------------------------------------------------------
     async def tenant_set(

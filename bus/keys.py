@@ -116,6 +116,10 @@ class Keys:
     def goal_events(self, goal_id: str) -> str:
         return f"{self.prefix}goal:{goal_id}:events"
 
+    def live(self, goal_id: str) -> str:
+        """Pub/Sub channel of the goal's live text (bus.live): a channel, never a key; nothing stored."""
+        return f"{self.prefix}live:{goal_id}"
+
     def goal_index(self) -> str:
         """Sorted set of every goal id by submission time (for listing)."""
         return f"{self.prefix}goals"

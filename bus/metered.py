@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 from opentelemetry.trace import Span
@@ -25,7 +25,7 @@ from llm.errors import (
     TerminalModelError,
 )
 from llm.estimate import estimate_input_tokens
-from llm.port import ModelPort
+from llm.port import ModelPort, TextSink
 from llm.types import ModelRequest, ModelResponse
 
 from . import tracing
@@ -66,6 +66,17 @@ def error_kind(exc: BaseException) -> str:
     return next((kind for cls, kind in kinds if isinstance(exc, cls)), "other")
 
 
+@runtime_checkable
+class LiveSink(TextSink, Protocol):
+    """A text sink that delivers elsewhere (`bus.live.LiveCall`): told when its text so far is void
+    (a failover's next model writes the reply anew), and flushed when the reply is complete, before
+    the call's own events (`model.serving`, ...), so that a watcher reads the words first."""
+
+    def restart(self) -> None: ...
+
+    async def flush(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class ModelRoute:
     """Where one role's calls for a goal go: `chain[0]`, then each fallback in order. `labels` name
@@ -95,8 +106,9 @@ class Router(Protocol):
 
 def fails_over(exc: BaseException) -> bool:
     """A failed call moves to the next model of its chain when trying again might succeed elsewhere:
-    a retryable error (429, 5xx, 529 overloaded, timeout, refused connection). Replies arrive whole,
-    so such an error always comes before any output was received. A terminal error (a bad request,
+    a retryable error (429, 5xx, 529 overloaded, timeout, refused connection). A streamed reply cut
+    midway is such an error too: the next model writes it anew (its sink is told to restart), and
+    the cut call's reservation is forfeited (its tokens may have been billed). A terminal error (a bad request,
     a refused key) would only fail again, differently: it is raised."""
     return isinstance(exc, ModelError) and exc.retryable
 
@@ -159,14 +171,18 @@ class MeteredModel:
     def __repr__(self) -> str:
         return f"MeteredModel({self.inner!r}, goal_id={self.goal_id!r})"
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest, on_text: TextSink | None = None) -> ModelResponse:
+        """`on_text`: told the reply's text as it streams (`llm.port.TextSink`); the reservation,
+        the settle and the response are those of a plain call."""
         # One span per call, the ledger's moves as its events (bus.tracing: GenAI conventions).
         with tracing.model_span(self.inner.name, self.inner.model, request) as span:
             if len(self.route.chain) == 1 or self.breaker is None:
-                return await self._complete(self.inner, self.route.labels[0], request, span, first=True)
-            return await self._failover(request, span)
+                return await self._complete(
+                    self.inner, self.route.labels[0], request, span, first=True, on_text=on_text
+                )
+            return await self._failover(request, span, on_text)
 
-    async def _failover(self, request: ModelRequest, span: Span) -> ModelResponse:
+    async def _failover(self, request: ModelRequest, span: Span, on_text: TextSink | None = None) -> ModelResponse:
         """Try the chain in order, skipping models whose fleet-wide breaker is open; a retryable
         failure moves to the next model at once. Raises the last failure when every model failed
         (the job layer's patience then applies), or a `RetryableModelError` when all are cooling down."""
@@ -184,8 +200,10 @@ class MeteredModel:
             model = chain[i]
             if kind == "probe" and not await self.breaker.claim_probe(model.model):
                 continue
+            if failure is not None and isinstance(on_text, LiveSink):
+                on_text.restart()  # the failed model may have streamed part of its reply
             try:
-                response = await self._complete(model, labels[i], request, span, first=i == 0)
+                response = await self._complete(model, labels[i], request, span, first=i == 0, on_text=on_text)
             except ModelError as exc:
                 if not fails_over(exc):
                     raise
@@ -241,7 +259,14 @@ class MeteredModel:
         await self._emit("model.failover", {k: v for k, v in data.items() if v is not None})
 
     async def _complete(
-        self, model: ModelPort, label: str, request: ModelRequest, span: Span, *, first: bool
+        self,
+        model: ModelPort,
+        label: str,
+        request: ModelRequest,
+        span: Span,
+        *,
+        first: bool,
+        on_text: TextSink | None = None,
     ) -> ModelResponse:
         """One call to `model`: its rate-limit turn, its reservation (priced for it), the call, and
         the close. `first`: the chain's first model, which a goal past its degrade threshold swaps
@@ -273,13 +298,16 @@ class MeteredModel:
         failure: BaseException | None = None
         started = time.perf_counter()
         try:
-            response = await inner.complete(request)
+            # Without a sink, the one-argument call: a model that cannot stream is still a ModelPort.
+            response = await (inner.complete(request) if on_text is None else inner.complete(request, on_text))
             tracing.model_response(span, response)
             return response
         except BaseException as exc:  # cancellation included: classified in `_close`, re-raised
             failure = exc
             raise
         finally:
+            if isinstance(on_text, LiveSink):
+                await on_text.flush()
             self._observe(inner, response, failure, time.perf_counter() - started)
             # Shielded: a second cancellation must not stop the write (the reservation would still
             # be forfeited when it expires, but its tokens would be held until then).

@@ -19,6 +19,7 @@ from .events import EventLog
 from .jobs import Jobs
 from .keys import Keys
 from .ledger import BudgetExhausted
+from .live import LivePublisher
 from .renewals import Renewals
 from .retry import RetryPolicy
 from .schemas import GoalState
@@ -96,6 +97,8 @@ class Runtime:
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # the job layer's retries (bus.retry)
     # The process's batched lease renewals (bus.renewals); None: each hold renews on its own.
     renewals: Renewals | None = None
+    # Where the executors' model calls stream their words (bus.live); None: no live text.
+    live: LivePublisher | None = None
 
     @classmethod
     def build(cls, redis: ArqRedis, keys: Keys, events_maxlen: int = 10_000, **extra: Any) -> Runtime:

@@ -307,6 +307,7 @@ async def _make_loop(
         rt.limits,
         is_cancelled,
         stopping,
+        live=rt.live,
     )
 
 

@@ -15,6 +15,7 @@ import structlog
 from bus.attempts import AttemptStore, Pending, StepRecord, ToolOutcome
 from bus.effects import EffectRecord
 from bus.ledger import BudgetExhausted
+from bus.live import LivePublisher
 from bus.observe import observe
 from bus.runtime import Limits
 from bus.schemas import GoalRecord, TaskResult, TaskSpec
@@ -113,6 +114,7 @@ class Loop:
         limits: Limits,
         is_cancelled: Callable[[], Awaitable[bool]],
         should_yield: Callable[[], bool] | None = None,
+        live: LivePublisher | None = None,
     ) -> None:
         self.task = task
         self.store = store
@@ -125,6 +127,8 @@ class Loop:
         # True once this worker is shutting down (SIGTERM): checked before each model call, the one
         # point where every earlier step is stored and nothing is in flight.
         self.should_yield = should_yield
+        # Each model call's words, as they are written, to whoever watches the goal (bus.live).
+        self.live = live
 
     def _result(self, reason: TaskStop, state: policy.LoopState, usage: Usage, answer: str = "") -> TaskResult:
         return TaskResult(
@@ -160,6 +164,9 @@ class Loop:
         self.gateway.resume(steps, pending)
         requires_tools = bool(self.task.spec.tools) and bool(self.gateway.allowed)
         started = self.store.started_ms / 1000 if self.store.started_ms else time.time()
+        # A lease taken before (epoch > 1: a crash, a model error's re-run, a hand-over, an approval)
+        # means the step this run calls first may have been streamed already, in part.
+        restart = self.store.epoch > 1
         while True:
             step_started = time.perf_counter()
             if pending.turn is None:
@@ -175,14 +182,14 @@ class Loop:
                 if stop is not None:
                     return self._result(stop, state, usage)
                 try:
-                    response = await self.model.complete(self._request(messages))
+                    response = await self._call(self._request(messages), state.steps, restart)
                 except BudgetExhausted as exc:
                     log.warning("task.budget_exhausted", detail=str(exc))
                     return self._result(TaskStop.BUDGET_EXHAUSTED, state, usage)
                 # A model error is not the attempt's failure: it escapes to the job layer, which
                 # re-runs this job later (the attempt continues at this very step) or, past the
                 # goal's provider patience or for a terminal error, fails the goal (bus.retry).
-                fresh = True
+                fresh, restart = True, False
             else:
                 response = pending.turn  # the reply we received before a crash: not asked again
                 fresh = False
@@ -194,6 +201,20 @@ class Loop:
             if outcome is not None:
                 reason, answer = outcome
                 return self._result(reason, state, usage, answer)
+
+    async def _call(self, request: ModelRequest, step: int, restart: bool) -> ModelResponse:
+        """One model call; with live text on and someone watching the goal, its words go to them as
+        they come (streamed); otherwise a plain call."""
+        task = self.task
+        sink = None
+        if self.live is not None:
+            sink = await self.live.sink(task.goal.id, task.spec.id, task.attempt, step, restart=restart)
+        if sink is None:
+            return await self.model.complete(request)
+        try:
+            return await self.model.complete(request, on_text=sink)
+        finally:
+            await sink.close()
 
     async def _step(
         self,

@@ -13,7 +13,10 @@ Error mapping (after the SDK's retries):
   `ModelConnectionError` (nothing reached the provider);
 - read timeout, or the connection dropped after the request was sent -> `ModelTimeoutError`
   (the provider may have done the work: `maybe_spent=True`);
-- a success status whose body cannot be parsed -> `RetryableModelError(maybe_spent=True)`.
+- a success status whose body cannot be parsed -> `RetryableModelError(maybe_spent=True)`;
+- streamed (`complete(..., on_text=)`): an `error` event inside the 200 stream is mapped by its status
+  like an error response; a stream that breaks or ends before its stop reason -> `ModelTimeoutError`
+  (the text so far was billed).
 
 `maybe_spent` is True whenever any attempt, not only the last, may have been billed: attempts are
 observed through an SDK middleware.
@@ -29,6 +32,7 @@ retry it within the call.
 from __future__ import annotations
 
 import contextvars
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,6 +52,7 @@ from llm.errors import (
     TerminalModelError,
 )
 from llm.pairing import check_tool_pairing
+from llm.port import TextSink
 from llm.toolnames import ToolNameMap
 from llm.types import (
     ContentBlock,
@@ -209,6 +214,72 @@ def to_response(
         request_id=request_id,
         model=message.model or model,
     )
+
+
+class StreamAssembly:
+    """The Messages API body a stream of events adds up to, built as the events arrive.
+
+    `add` takes one raw stream event (the SDK's `RawMessageStreamEvent`) and returns its text delta,
+    if it is one. Our own, not the SDK's `messages.stream()` helper: that one re-parses a tool call's
+    whole partial JSON on every delta and builds a second event object per event; here a tool call's
+    input is parsed once, at the end, and a text delta costs an append.
+    """
+
+    def __init__(self) -> None:
+        self.message: dict[str, Any] | None = None
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.parts: dict[int, list[str]] = {}  # text, tool-input JSON or thinking pieces, per block
+        self.stop_reason: str | None = None
+        self.stop_sequence: str | None = None
+        self.usage: dict[str, Any] = {}
+
+    def add(self, event: Any) -> str | None:
+        kind = event.type
+        if kind == "content_block_delta":
+            delta = event.delta
+            if delta.type == "text_delta":
+                self.parts[event.index].append(delta.text)
+                return str(delta.text)
+            if delta.type == "input_json_delta":
+                self.parts[event.index].append(delta.partial_json)
+            elif delta.type == "thinking_delta":
+                self.parts[event.index].append(delta.thinking)
+            elif delta.type == "signature_delta":
+                self.blocks[event.index]["signature"] = delta.signature
+        elif kind == "content_block_start":
+            self.blocks[event.index] = event.content_block.to_dict()
+            self.parts[event.index] = []
+        elif kind == "message_start":
+            self.message = event.message.to_dict()
+            self.usage = dict(self.message.get("usage") or {})
+        elif kind == "message_delta":
+            self.stop_reason = event.delta.stop_reason
+            self.stop_sequence = event.delta.stop_sequence
+            # The delta's usage is cumulative: each count it gives replaces the start's.
+            self.usage.update({k: v for k, v in event.usage.to_dict().items() if v is not None})
+        return None
+
+    def body(self) -> dict[str, Any]:
+        """The complete Message body; raises `ModelTimeoutError` for a stream cut before its end."""
+        if self.message is None or self.stop_reason is None:
+            raise ModelTimeoutError("the streamed reply ended before its stop reason (connection cut?)")
+        content: list[dict[str, Any]] = []
+        for index in sorted(self.blocks):
+            block, joined = self.blocks[index], "".join(self.parts[index])
+            if block["type"] == "text":
+                block["text"] = joined
+            elif block["type"] == "tool_use":
+                block["input"] = json.loads(joined) if joined else {}
+            elif block["type"] == "thinking":
+                block["thinking"] = joined
+            content.append(block)
+        return {
+            **self.message,
+            "content": content,
+            "stop_reason": self.stop_reason,
+            "stop_sequence": self.stop_sequence,
+            "usage": self.usage,
+        }
 
 
 @dataclass
@@ -531,7 +602,7 @@ class AnthropicModel:
     def __repr__(self) -> str:
         return f"AnthropicModel(model={self.model!r}, provider={self.name!r}, base_url={self.base_url!r})"
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest, on_text: TextSink | None = None) -> ModelResponse:
         check_tool_pairing(request.messages)
         names = tool_name_map(request)
         params = build_params(request, self.model, names)
@@ -540,11 +611,16 @@ class AnthropicModel:
         attempts = _Attempts()
         token = _ATTEMPTS.set(attempts)
         try:
-            message = await self._client.messages.create(**params)
+            if on_text is None:
+                message = await self._client.messages.create(**params)
+            else:
+                message = await self._streamed(params, on_text)
         except anthropic.AnthropicError as err:
             raise map_error(err, attempts.maybe_billed) from err
         except self._auth_errors as err:  # before ValueError: some google-auth errors are ValueErrors too
             raise self._auth_failure(err, attempts.maybe_billed) from err
+        except httpx2.HTTPError as err:  # the connection broke while a 200 stream was being read
+            raise ModelTimeoutError(f"the connection failed during the reply: {err!r}") from err
         except ValueError as err:  # a 2xx body that is not JSON, or not a Message (JSONDecodeError...)
             raise RetryableModelError(f"the provider's response could not be parsed: {err}", maybe_spent=True) from err
         finally:
@@ -552,6 +628,18 @@ class AnthropicModel:
         response = to_response(message, names, self.model, attempts.request_id)
         info = attempts.rate_limit()
         return response if info is None else response.model_copy(update={"rate_limit": info})
+
+    async def _streamed(self, params: dict[str, Any], on_text: TextSink) -> anthropic.types.Message:
+        """The call over the streaming API: each text delta goes to `on_text` as it arrives, and the
+        events add up to the same Message a plain call returns (validated once, at the end)."""
+        assembly = StreamAssembly()
+        stream = await self._client.messages.create(**params, stream=True)
+        async with stream:
+            async for event in stream:
+                text = assembly.add(event)
+                if text:
+                    on_text(text)
+        return anthropic.types.Message.model_validate(assembly.body())
 
     def _auth_failure(self, err: BaseException, maybe_billed: bool) -> ModelError:
         """Signing (Bedrock) or getting a token (Vertex) failed, so this attempt was not sent."""

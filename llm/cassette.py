@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from llm.errors import TerminalModelError
-from llm.port import ModelPort
+from llm.port import ModelPort, TextSink
 from llm.redact import SECRET_KEYS, scrub
 from llm.types import ModelRequest, ModelResponse
 
@@ -187,8 +187,9 @@ class RecordingModel:
     def __repr__(self) -> str:
         return f"RecordingModel({self.inner!r}, {str(self.path)!r})"
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        response = await self.inner.complete(request)
+    async def complete(self, request: ModelRequest, on_text: TextSink | None = None) -> ModelResponse:
+        # The recorded entry is the complete response either way: a streamed call records the same line.
+        response = await (self.inner.complete(request) if on_text is None else self.inner.complete(request, on_text))
         secrets = env_secrets()
         canon = canonical(request, secrets)
         entry = {

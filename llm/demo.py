@@ -35,6 +35,8 @@ final tool (the answer and its verdict in one) gets each order's decision line f
 results, and a verdict by the same rule.
 
 For any other forced tool, it fills the tool's required inputs with placeholder values.
+Streamed (`complete(..., on_text=)`): the reply's text is handed out a few words at a time, spread
+over the same latency, so a streamed call takes as long as a plain one.
 Usage: input tokens are `estimate_input_tokens(request)`; output tokens are counted like the fake
 server does (UTF-8 bytes / 4 per block); a reply over `max_tokens` is cut with stop reason `max_tokens`.
 """
@@ -49,6 +51,7 @@ import re
 from typing import Any
 
 from llm.estimate import estimate_input_tokens
+from llm.port import TextSink
 from llm.types import (
     ContentBlock,
     ModelRequest,
@@ -421,7 +424,26 @@ class DemoModel:
         usage = Usage(input_tokens=estimate_input_tokens(request), output_tokens=output)
         return ModelResponse(content=content, stop_reason=stop_reason, usage=usage, request_id=None, model=self.model)
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        if self.latency > 0:
-            await asyncio.sleep(self.latency)
-        return self.respond(request)
+    async def complete(self, request: ModelRequest, on_text: TextSink | None = None) -> ModelResponse:
+        response = self.respond(request)
+        pieces = word_chunks(response.text) if on_text is not None else []
+        if not pieces:
+            if self.latency > 0:
+                await asyncio.sleep(self.latency)
+            return response
+        assert on_text is not None
+        pause = self.latency / len(pieces)
+        for piece in pieces:
+            if pause > 0:
+                await asyncio.sleep(pause)
+            on_text(piece)
+        return response
+
+
+_WORD_START = re.compile(r"(?<=\s)(?=\S)")
+
+
+def word_chunks(text: str, words: int = 3) -> list[str]:
+    """`text` in pieces of `words` words each (with their spacing), which concatenate to `text`."""
+    split = [w for w in _WORD_START.split(text) if w]
+    return ["".join(split[i : i + words]) for i in range(0, len(split), words)]

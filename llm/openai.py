@@ -48,6 +48,7 @@ from llm.errors import (
     TerminalModelError,
 )
 from llm.pairing import check_tool_pairing
+from llm.port import TextSink
 from llm.toolnames import ToolNameMap
 from llm.types import (
     ContentBlock,
@@ -374,6 +375,16 @@ def assemble_stream(chunks: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return completion
 
 
+def chunk_text(chunk: Mapping[str, Any]) -> str:
+    """The text a streamed chunk adds to the reply (the first choice's `content` delta, as
+    `assemble_stream` reads it), or ""."""
+    for choice in chunk.get("choices") or []:
+        if choice.get("index", 0) == 0:
+            content = (choice.get("delta") or {}).get("content")
+            return content if isinstance(content, str) else ""
+    return ""
+
+
 # -- attempts and errors -----------------------------------------------------------------------
 
 
@@ -539,7 +550,7 @@ class OpenAIModel:
         where = self.azure_endpoint or self.base_url
         return f"OpenAIModel(model={self.model!r}, base_url={where!r})"
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest, on_text: TextSink | None = None) -> ModelResponse:
         check_tool_pairing(request.messages)
         names = tool_name_map(request)
         params = build_params(
@@ -550,7 +561,10 @@ class OpenAIModel:
         attempts = _Attempts()
         token = _ATTEMPTS.set(attempts)
         try:
-            completion, request_id = await (self._streamed(params) if self._stream else self._whole(params))
+            if self._stream or on_text is not None:
+                completion, request_id = await self._streamed(params, on_text)
+            else:
+                completion, request_id = await self._whole(params)
         except openai.OpenAIError as err:
             raise map_error(err, attempts.maybe_billed) from err
         except httpx2.HTTPError as err:  # the connection broke while a 200 stream was being read
@@ -569,14 +583,21 @@ class OpenAIModel:
             raise ValueError(f"expected a chat completion object, got {type(completion).__name__}")
         return completion.to_dict(), getattr(completion, "_request_id", None)
 
-    async def _streamed(self, params: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    async def _streamed(
+        self, params: dict[str, Any], on_text: TextSink | None = None
+    ) -> tuple[dict[str, Any], str | None]:
         stream = await self._client.chat.completions.create(
             **params, stream=True, stream_options={"include_usage": True}
         )
         chunks: list[dict[str, Any]] = []
         async with stream:
             async for chunk in stream:
-                chunks.append(chunk.to_dict())
+                data = chunk.to_dict()
+                chunks.append(data)
+                if on_text is not None:
+                    text = chunk_text(data)
+                    if text:
+                        on_text(text)
         request_id = stream.response.headers.get("x-request-id")
         if not chunks:  # a 200 whose body held no `data:` chunk (not SSE at all, say)
             raise ValueError("the streamed reply carried no chunks")

@@ -15,7 +15,7 @@ import structlog
 
 from bus.schemas import Plan, PlanRoute, json_schema
 from llm.forced import FormOutcome, FormSpec, answer, ask_forced, parse
-from llm.port import ModelPort
+from llm.port import ModelPort, TextSink
 from llm.types import Message, ModelRequest, ModelResponse, ToolDef
 
 from .prompts import PLAN_TOOL, PLAN_TOOL_DESCRIPTION, correction
@@ -106,10 +106,12 @@ async def ask_routed(
     attempts: int,
     max_tokens: int,
     metadata: dict[str, str],
+    on_text: TextSink | None = None,
 ) -> Routed:
     """One call offering the goal's `tools` and `submit_plan` (the model chooses). A plan is
     validated as with `ask_for_plan`, and an invalid or unclear first reply continues that
-    conversation with `submit_plan` forced, for at most `attempts` replies in all."""
+    conversation with `submit_plan` forced, for at most `attempts` replies in all. `on_text` is told
+    the first reply's text as it is written (a goal answered in text is answered by it)."""
     request = ModelRequest(
         system=system,
         messages=[Message.user(prompt)],
@@ -117,7 +119,7 @@ async def ask_routed(
         max_tokens=max_tokens,
         metadata=metadata,
     )
-    response = await model.complete(request)
+    response = await (model.complete(request) if on_text is None else model.complete(request, on_text))
     route = route_of(response)
     if route in ("tool", "text"):
         log.info("plan.routed", route=route, tools=[u.name for u in response.tool_uses])

@@ -22,7 +22,7 @@ from llm.types import ModelResponse, ToolDef
 
 from .ask import PLAN_TOOL_DEF, Routed, ask_for_plan, ask_routed
 from .dag import all_done, ready_tasks, validate_plan
-from .prompts import SYSTEM, plan_prompt, replan_prompt, route_prompt, single_task_plan, usable_tools
+from .prompts import ROUTED_TASK_ID, SYSTEM, plan_prompt, replan_prompt, route_prompt, single_task_plan, usable_tools
 from .reconcile import reconcile
 
 log = structlog.get_logger("taskloom.planner")
@@ -178,19 +178,27 @@ async def _first_plan(rt: Runtime, goal: GoalRecord) -> StoredPlan | None:
 
 async def _route(rt: Runtime, goal: GoalRecord, tools: list[ToolDef], catalog: list[ToolDef]) -> Routed | None:
     """The first planning call, route first: the goal's tools and submit_plan are offered together."""
-    return await rt.within_budget(
-        goal.id,
-        ask_routed(
-            rt.model_for(goal.id, "planner", goal.goal.model),
-            system=SYSTEM,
-            prompt=route_prompt(goal.goal, rt.limits.max_plan_tasks),
-            tools=tools,
-            validate=_validator(rt, goal, catalog),
-            attempts=rt.limits.max_plan_attempts,
-            max_tokens=rt.limits.model_max_tokens * PLAN_TOKENS_FACTOR,
-            metadata={"goal_id": goal.id, "role": "planner", "purpose": "plan"},
-        ),
-    )
+    # A goal answered in text is answered by this very call: its words stream as the routed task's
+    # first step (the task it becomes, attempt 1, step 0), so a watcher sees the answer being written.
+    sink = await rt.live.sink(goal.id, ROUTED_TASK_ID, 1, 0) if rt.live is not None else None
+    try:
+        return await rt.within_budget(
+            goal.id,
+            ask_routed(
+                rt.model_for(goal.id, "planner", goal.goal.model),
+                system=SYSTEM,
+                prompt=route_prompt(goal.goal, rt.limits.max_plan_tasks),
+                tools=tools,
+                validate=_validator(rt, goal, catalog),
+                attempts=rt.limits.max_plan_attempts,
+                max_tokens=rt.limits.model_max_tokens * PLAN_TOKENS_FACTOR,
+                metadata={"goal_id": goal.id, "role": "planner", "purpose": "plan"},
+                on_text=sink,
+            ),
+        )
+    finally:
+        if sink is not None:
+            await sink.close()
 
 
 async def _new_plan(

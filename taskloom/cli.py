@@ -41,6 +41,7 @@ from bus.client import Client, GoalStatus, WaitTimeout
 from bus.connection import EmbeddedRedisError, RedisRefused, RedisTimeout, RedisUnavailable
 from bus.keys import ROLES
 from bus.ledger import LedgerNotFound
+from bus.live import LiveFrame, LiveTexts
 from bus.schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, GoalState
 from bus.store import AlreadyExists, CorruptRecord, IllegalTransition, NotFound
 from bus.tenants import TenantView
@@ -517,18 +518,65 @@ def events(
     _with_client(go)
 
 
+StreamOpt = Annotated[
+    bool, typer.Option("--stream/--no-stream", help="print the models' words as they are written (live text)")
+]
+
+
+class _Writer:
+    """`watch`'s printing of live text between event lines: a header when another task's call
+    starts writing, its words as they come, a marker when a step is written again."""
+
+    def __init__(self) -> None:
+        self.texts = LiveTexts()
+        self.current: tuple[str, int, int] | None = None  # (task, attempt, step) being printed
+        self.printed = 0  # characters of its text printed
+        self.mid_line = False
+
+    def frame(self, frame: LiveFrame) -> None:
+        held = self.texts.apply(frame)
+        if frame.type == "restart":
+            self.end_line()
+            show((f"[{frame.task} restarted: attempt {frame.attempt} step {frame.step} is written again]", "yellow"))
+            self.current = None
+            return
+        key = (frame.task, held.attempt, held.step)
+        if key != self.current or len(held.text) < self.printed:
+            self.end_line()
+            show((f"{frame.task} (attempt {held.attempt}, step {held.step}) writes:", "dim"))
+            self.current, self.printed = key, 0
+            if held.gap:
+                out.print("…", end="", highlight=False)
+        piece = held.text[self.printed :]
+        out.print(clean(piece), end="", markup=False, highlight=False, emoji=False, soft_wrap=True)
+        self.printed = len(held.text)
+        self.mid_line = not held.text.endswith("\n")
+
+    def end_line(self) -> None:
+        if self.mid_line:
+            out.print()
+            self.mid_line = False
+
+
 @app.command()
-def watch(goal_id: str, timeout: TimeoutOpt = None, as_json: JsonOpt = False) -> None:
-    """Follow a goal live until it ends; exit code as for `wait` (4: --timeout passed first)."""
+def watch(goal_id: str, timeout: TimeoutOpt = None, as_json: JsonOpt = False, stream: StreamOpt = True) -> None:
+    """Follow a goal live until it ends, with the models' words as they are written (`--no-stream`:
+    events only; `--json`: events and live-text frames, one JSON object a line); exit code as for
+    `wait` (4: --timeout passed first)."""
+    writer = _Writer()
 
     async def go(c: Client) -> GoalRecord:
         await _warn_if_no_workers(c, goal_id)
         try:
             async with asyncio.timeout(timeout):
-                async for e in c.events(goal_id, follow=True):
+                items = c.follow(goal_id) if stream else c.events(goal_id, follow=True)
+                async for e in items:
                     if as_json:
                         _print_json(e.model_dump(mode="json"))
+                    elif isinstance(e, LiveFrame):
+                        writer.frame(e)
                     else:
+                        writer.end_line()
                         show(_event_line(e))
         except TimeoutError:
             goal = await c.get(goal_id)
@@ -540,6 +588,7 @@ def watch(goal_id: str, timeout: TimeoutOpt = None, as_json: JsonOpt = False) ->
     except WaitTimeout as exc:
         _fail(EXIT_TIMEOUT, str(exc))
     if not as_json:
+        writer.end_line()
         show((goal.state.value, "bold"))
         if goal.answer:
             show(goal.answer)
@@ -762,14 +811,18 @@ DEMO_GOAL = "Can orders A100, A101 and A107 be refunded? Today is 2026-10-13."
 DEMO_DOD = "For each order: whether it can be refunded, why, and the refund deadline."
 
 
-def _run(goal: Goal, settings: Settings, local: bool, as_json: bool, timeout: float | None) -> None:
+def _run(
+    goal: Goal, settings: Settings, local: bool, as_json: bool, timeout: float | None, stream: bool = True
+) -> None:
     from .logs import configure_logging
     from .runner import run_goal, summary
 
     console = Console(stderr=True) if as_json else out
     configure_logging("WARNING", json=True, stream=sys.stderr)  # worker logs stay out of the live view
     record, books = _guarded(
-        lambda: _arun(run_goal(settings, goal, local=local, console=console, timeout=timeout, warn=_warn))
+        lambda: _arun(
+            run_goal(settings, goal, local=local, console=console, timeout=timeout, warn=_warn, stream=stream)
+        )
     )
     if as_json:
         _print_json({**summary(record, books), "timeout": not record.terminal})
@@ -799,8 +852,10 @@ def run(
         float | None, typer.Option(help="stop watching after this many seconds (exit 4)", callback=_seconds)
     ] = None,
     as_json: JsonOpt = False,
+    stream: StreamOpt = True,
 ) -> None:
-    """Submit a goal, show its DAG live, print the final answer. Exit 0 only if it succeeded."""
+    """Submit a goal, show its DAG live with each running task's words as they are written
+    (`--no-stream`: without them), print the final answer. Exit 0 only if it succeeded."""
     raw: dict[str, Any] = {"text": _goal_text(text), "definition_of_done": dod}
     if budget is not None:
         raw["budget_tokens"] = budget
@@ -811,7 +866,7 @@ def run(
         goal = Goal.model_validate(raw)
     except ValidationError as exc:
         _fail(EXIT_INVALID, _validation_message(exc))
-    _run(goal, settings, local, as_json, timeout)
+    _run(goal, settings, local, as_json, timeout, stream)
 
 
 @app.command()

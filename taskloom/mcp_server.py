@@ -6,8 +6,9 @@ Tools, each a thin call of `bus.client.Client`:
 - `submit_goal`, `cancel_goal`, `approve_call`, `deny_call` change state; `--read-only` leaves
   them out, so a read-only server can watch the fleet and nothing else.
 - `goal_status` (with the calls awaiting approval), `wait_goal` (bounded by `--max-wait`, and it
-  answers "not done yet" instead of failing when the time is up), `goal_events` (a page of the
-  goal's audit stream, with the position to continue from).
+  answers "not done yet" instead of failing when the time is up; a request with a progress token
+  gets progress notifications: state changes and, about once a second, a running task's latest
+  words), `goal_events` (a page of the goal's audit stream, with the position to continue from).
 
 `approve_call` and `deny_call` are annotated destructive and carry `_meta` `dev.taskloom/approval`,
 so a host asks its user before calling them. Failures (an unknown goal, an invalid goal, a call
@@ -16,18 +17,21 @@ already decided) come back as `isError` results whose text says what is wrong.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import mcp_types as mt
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import ValidationError
 
 from bus.approvals import AlreadyDecided
 from bus.client import Client, WaitTimeout
-from bus.schemas import Goal
+from bus.live import LiveFrame, LiveTexts
+from bus.schemas import Event, Goal, GoalRecord
 from bus.store import IllegalTransition, NotFound
 from llm.forced import validation_problems
 
@@ -37,6 +41,65 @@ WRITE = mt.ToolAnnotations(read_only_hint=False, destructive_hint=False, open_wo
 DESTRUCTIVE = mt.ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
 MAX_EVENTS = 500
 T = TypeVar("T")
+
+
+# A task's live text is reported at most this often (seconds), its last words only.
+TEXT_EVERY = 1.0
+TEXT_TAIL = 160
+
+
+def _progress_token(ctx: Context) -> object | None:
+    """The request's `_meta.progressToken` (MCP's place for it), or None: no progress was asked for,
+    so `wait_goal` waits without subscribing to the goal's live text (whose calls then need not stream)."""
+    try:
+        params = ctx.request_context.params or {}
+    except ValueError:  # outside a request
+        return None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta.get("progressToken") if isinstance(meta, dict) else None
+
+
+def progress_message(item: Event | LiveFrame, texts: LiveTexts) -> str | None:
+    """The progress notification for one item of `Client.follow`, or None (not worth one)."""
+    if isinstance(item, LiveFrame):
+        held = texts.apply(item)
+        if item.type == "restart":
+            return f"{item.task}: restarted (attempt {item.attempt}, step {item.step} is written again)"
+        tail = held.text[-TEXT_TAIL:]
+        return f"{item.task} writing: {'…' if len(held.text) > TEXT_TAIL or held.gap else ''}{tail}"
+    if item.type == "goal.state":
+        return f"goal: {item.data.get('state')}"
+    if item.type == "task.state":
+        return f"{item.task_id}: {item.data.get('state')}"
+    return None
+
+
+async def _wait_reporting(client: Client, goal_id: str, bound: float, ctx: Context) -> GoalRecord:
+    """`Client.wait`, reporting the goal's progress (`progress_message`) as it comes; raises
+    `WaitTimeout` as `wait` does. From the goal's newest event on: the past is in goal_events."""
+    past = await client.log.read(goal_id)
+    after = past[-1].position if past else None
+    texts = LiveTexts()
+    count = 0
+    last_text: dict[str, float] = {}
+    try:
+        async with asyncio.timeout(bound):
+            async for item in client.follow(goal_id, after):
+                message = progress_message(item, texts)
+                if message is None:
+                    continue
+                if isinstance(item, LiveFrame) and item.type == "text":
+                    now = time.monotonic()
+                    if now - last_text.get(item.task, 0.0) < TEXT_EVERY:
+                        continue  # the words go on; the next report carries them
+                    last_text[item.task] = now
+                count += 1
+                await ctx.report_progress(count, None, message)
+    except TimeoutError:
+        goal = await client.get(goal_id)
+        if not goal.terminal:
+            raise WaitTimeout(goal_id, goal.state.value, bound) from None
+    return await client.get(goal_id)
 
 
 def _problems(exc: ValidationError) -> str:
@@ -93,12 +156,17 @@ def _add_read_tools(server: MCPServer, client: Client, max_wait: float) -> None:
         }
 
     @server.tool(annotations=READ)
-    async def wait_goal(goal_id: str, timeout_seconds: float = 30.0) -> dict[str, Any]:
+    async def wait_goal(goal_id: str, ctx: Context, timeout_seconds: float = 30.0) -> dict[str, Any]:
         """Wait until a goal ends, at most `timeout_seconds` (capped by the server). Returns
-        done=false and the current state when the time is up: call it again to keep waiting."""
+        done=false and the current state when the time is up: call it again to keep waiting.
+        A request with a progress token gets progress notifications meanwhile: each state change
+        of the goal and its tasks, and the words a task's model is writing (live text)."""
         bound = max(0.0, min(timeout_seconds, max_wait))
         try:
-            goal = await _guarded(client.wait(goal_id, timeout=bound))
+            if _progress_token(ctx) is None:
+                goal = await _guarded(client.wait(goal_id, timeout=bound))
+            else:
+                goal = await _guarded(_wait_reporting(client, goal_id, bound, ctx))
         except WaitTimeout as exc:
             return {"goal_id": goal_id, "done": False, "state": exc.state, "waited_seconds": bound}
         done = {"goal_id": goal.id, "done": True, "state": goal.state.value}

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.text import Text
 from rich.tree import Tree
 
 from bus.client import Client, GoalStatus
@@ -21,6 +22,7 @@ from bus.connection import connect
 from bus.consoles import console_url
 from bus.keys import ROLES
 from bus.ledger import Ledger, LedgerNotFound, LedgerSnapshot
+from bus.live import LiveTexts, TaskText
 from bus.schemas import Goal, GoalRecord, TaskState
 from llm.port import ModelPort
 
@@ -46,7 +48,27 @@ STATE_STYLE = {
 }
 
 
-def render(status: GoalStatus, ledger: LedgerSnapshot | None, elapsed: float) -> Group:
+# A running task's live text shows its last lines, up to this many characters.
+TAIL_CHARS = 600
+WRITING = {TaskState.RUNNING, TaskState.READY, TaskState.RETRYING}
+
+
+def tail(text: str, limit: int = TAIL_CHARS) -> str:
+    """The end of `text`, from a line start when there is one within `limit` characters."""
+    if len(text) <= limit:
+        return text
+    cut = text[-limit:]
+    return "…" + (cut.split("\n", 1)[1] if "\n" in cut[:-1] else cut)
+
+
+def _writing(held: TaskText) -> Text:
+    mark = f"writing (attempt {held.attempt}, restarted)" if held.restarted else "writing"
+    return line((f"{mark}: ", "italic dim"), ("…" if held.gap else "") + tail(held.text))
+
+
+def render(
+    status: GoalStatus, ledger: LedgerSnapshot | None, elapsed: float, texts: LiveTexts | None = None
+) -> Group:
     goal = status.goal
     spent = f"{ledger.spent:,} / {ledger.budget:,} tokens" if ledger else f"budget {goal.budget_tokens:,}"
     head = line(
@@ -66,6 +88,14 @@ def render(status: GoalStatus, ledger: LedgerSnapshot | None, elapsed: float) ->
         if rec is not None and rec.feedback:
             # Why the critic sent it back: the retry path is the point of watching a goal live.
             node.add(line(("critic: ", "bold magenta"), _one_line(rec.feedback)))
+        held = texts.tasks.get(task_id) if texts is not None else None
+        if held is not None and state in WRITING and held.text:
+            node.add(_writing(held))
+    if texts is not None and not specs and goal.state.value == "planning":
+        # A goal answered in text is answered by its first (planning) call: shown as it is written.
+        for held in texts.tasks.values():
+            if held.text:
+                tree.add(_writing(held))
     return Group(tree)
 
 
@@ -81,19 +111,17 @@ async def follow(
     timeout: float | None,
     workers: asyncio.Task[None] | None = None,
     warn: Callable[[str], None] | None = None,
+    stream: bool = True,
 ) -> GoalRecord:
     """Redraw the goal's DAG on every event until it ends (or `timeout` passes).
 
     `workers`: the in-process workers (`--local`); if they stop with an error (no API key, a toolkit
     that does not import), that error is raised here at once instead of the goal waiting forever.
     `warn`: told once when some role has no live worker anywhere (its heartbeats), re-checked every
-    few seconds while the goal has not ended.
+    few seconds while the goal has not ended. `stream`: each running task's words show as the model
+    writes them (`Client.stream`).
     """
     ledger = Ledger(client.redis, client.keys)
-    started = time.monotonic()
-    after: str | None = None
-    warned = False
-    next_check = started
 
     async def snapshot() -> tuple[GoalStatus, LedgerSnapshot | None]:
         status = await client.status(goal_id)
@@ -103,8 +131,38 @@ async def follow(
             books = None
         return status, books
 
+    texts = LiveTexts()
+
+    async def listen() -> None:
+        async for frame in client.stream(goal_id):
+            texts.apply(frame)
+
+    listener = asyncio.create_task(listen()) if stream else None
+    try:
+        return await _redraw(client, goal_id, console, timeout, workers, warn, texts if stream else None, snapshot)
+    finally:
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listener
+
+
+async def _redraw(
+    client: Client,
+    goal_id: str,
+    console: Console,
+    timeout: float | None,
+    workers: asyncio.Task[None] | None,
+    warn: Callable[[str], None] | None,
+    texts: LiveTexts | None,
+    snapshot: Callable[[], Awaitable[tuple[GoalStatus, LedgerSnapshot | None]]],
+) -> GoalRecord:
+    started = time.monotonic()
+    after: str | None = None
+    warned = False
+    next_check = started
     status, books = await snapshot()
-    with Live(render(status, books, 0), console=console, refresh_per_second=8, transient=False) as live:
+    with Live(render(status, books, 0, texts), console=console, refresh_per_second=8, transient=False) as live:
         while not status.goal.terminal:
             if workers is not None and workers.done():
                 workers.result()  # raises the workers' error
@@ -121,7 +179,7 @@ async def follow(
             if events:
                 after = events[-1].position
             status, books = await snapshot()
-            live.update(render(status, books, time.monotonic() - started))
+            live.update(render(status, books, time.monotonic() - started, texts))
     return status.goal
 
 
@@ -145,6 +203,7 @@ async def run_goal(
     model: ModelPort | None = None,
     timeout: float | None = None,
     warn: Callable[[str], None] | None = None,
+    stream: bool = True,
 ) -> tuple[GoalRecord, LedgerSnapshot | None]:
     stop = asyncio.Event()
     workers: asyncio.Task[None] | None = None
@@ -163,7 +222,7 @@ async def run_goal(
             url = await console_url(redis, client.keys)
             if url:
                 console.print(line("console: ", f"{url}#/goals/{goal_id}"), highlight=False, soft_wrap=True)
-            record = await follow(client, goal_id, console, timeout, workers, None if local else warn)
+            record = await follow(client, goal_id, console, timeout, workers, None if local else warn, stream)
             try:
                 books: LedgerSnapshot | None = await Ledger(redis, client.keys).snapshot(goal_id)
             except LedgerNotFound:

@@ -111,6 +111,9 @@ class Settings(Limits, BaseSettings):
     executor_model: str | None = Field(default=None, min_length=1, description="the executors' model")
     critic_model: str | None = Field(default=None, min_length=1, description="the critic's model")
     events_maxlen: int = Field(default=10_000, ge=100, description="approximate cap of each event stream")
+    # The executors' model calls stream their words to whoever watches the goal (bus.live: Redis
+    # Pub/Sub, nothing stored, no PUBLISH while nobody listens); false for batch-only fleets.
+    stream: bool = Field(default=True, description="stream the models' words live to watchers")
     tools: str = Field(default="", description="comma-separated module:attribute toolkits")
     # A JSON file of MCP servers whose tools join the catalog (`executor.sources.mcp`).
     mcp_config: str = Field(default="", description="path of the MCP servers file ({\"mcpServers\": ...})")

@@ -43,6 +43,7 @@ from bus.events import EventLog
 from bus.jobs import JobPayload, parse_payload
 from bus.keys import ROLES
 from bus.ledger import Ledger
+from bus.live import LivePublisher
 from bus.metered import Degrade, ModelFactory
 from bus.observe import Observer, install, observe
 from bus.prices import PriceTable
@@ -391,6 +392,7 @@ def build_runtime(
         tool_catalog=tuple(registry.definitions()) if isinstance(registry, ToolRegistry) else (),
         tools=registry if isinstance(registry, Catalog) else None,
         retry=RetryPolicy(patience=settings.provider_patience, cap=settings.provider_backoff_max),
+        live=LivePublisher(redis, keys) if settings.stream else None,
     )
 
 

@@ -32,6 +32,7 @@ from planner.prompts import SYSTEM as PLANNER_SYSTEM
         "tools",
         "testing_kit",
         "replicawait",
+        "streaming",
     ],
 )
 def test_bench_modules_import(name: str) -> None:
@@ -161,3 +162,19 @@ def test_throughput_reports_the_floor_of_the_parts_every_job_uses() -> None:
     assert "2.00 ms of CPU per model call" in table[0] and "14.0 Redis commands per call" in table[0]
     # 0.33 + 1.3 x 2.0 = 2.9 ms; 23 - 6 + 1.3 x 14 = 35.2 commands
     assert table[-1] == "| 1 | 1.30 | 2.9 | 3 | 35.2 | 35 |"
+
+
+def test_streaming_targets_are_judged_from_the_rows_of_the_run() -> None:
+    """bench.streaming's target table: CPU against the streaming-off row, PUBLISH per batch, none unheard."""
+    from bench.streaming import Row, table
+
+    rows = [
+        Row("off", 40, 2.0, 16.0, 0.0, 0.0),
+        Row("on, nobody", 40, 2.1, 16.3, 0.0, 0.25),
+        Row("on, listener", 40, 60.0, 68.0, 50.0, 0.25, 50.0),
+        Row("regardless", 40, 55.0, 21.0, 0.0, 5.0),
+    ]
+    out = table(rows, 1000, 0.02, "test")
+    assert "| streaming adds <= 10% worker CPU per call, nobody listening | +5.0% | met |" in out
+    assert "a listener | +2900.0%" in out and "MISSED" in out
+    assert "1.00 PUBLISH per batch" in out and "1.005 | met |" in out

@@ -204,6 +204,7 @@ RULES = {
             "bench/hops.py": "measures a bare arq hop (enqueue, BLPOP, XADD) against taskloom's",
             "bench/recovery.py": "watches an attempt's lease and steps from outside while killing workers",
             "bench/roundtrips.py": "attributes every command to a job with MONITOR and CLIENT LIST",
+            "bench/streaming.py": "subscribes a listener to each goal's live channel, as a watcher would",
             "bench/throughput.py": "measures arq's own enqueue and queue drain",
         },
     ),

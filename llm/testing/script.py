@@ -20,6 +20,9 @@ class Reply:
 
     `output_tokens` overrides the counted output; `delay` (seconds) is waited before answering,
     after the request has been billed, as a real provider bills work a client stopped waiting for.
+    Streamed (`"stream": true`) only: `pace` (seconds) is waited before each content delta, so the
+    reply is written over time as a model writes it; `cut_after` closes the connection after that
+    many events (no `message_stop`), as a dropped connection does mid-reply.
     """
 
     content: Sequence[Mapping[str, Any]]
@@ -28,6 +31,8 @@ class Reply:
     model: str | None = None
     output_tokens: int | None = None
     delay: float = 0.0
+    pace: float = 0.0
+    cut_after: int | None = None
 
 
 @dataclass(frozen=True)

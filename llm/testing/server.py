@@ -493,10 +493,10 @@ class _Handler(BaseHTTPRequestHandler):
             },
         }
         if body.get("stream"):
-            return self._stream(message, rid)
+            return self._stream(message, rid, reply.pace, reply.cut_after)
         self._send(200, message, rid, getattr(self, "_limit_headers", None))
 
-    def _stream(self, message: dict[str, Any], rid: str) -> None:
+    def _stream(self, message: dict[str, Any], rid: str, pace: float = 0.0, cut_after: int | None = None) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
@@ -505,7 +505,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("connection", "close")
         self.end_headers()
         self.close_connection = True  # no content-length: the end of the body is the end of the connection
-        for event, data in sse_events(message):
+        for n, (event, data) in enumerate(sse_events(message)):
+            if cut_after is not None and n >= cut_after:
+                self.connection.close()  # mid-reply: no message_stop, the body just ends
+                return
+            if pace > 0 and event == "content_block_delta":
+                self.fake._sleep(pace)
             self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
             self.wfile.flush()
 

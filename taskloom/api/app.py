@@ -24,7 +24,7 @@ from . import models as m
 from .deps import ApiConfig
 from .errors import install_error_handlers
 from .middleware import BodyLimit, RequestMetrics
-from .routes import approvals, events, fleet, goals, tenants
+from .routes import approvals, events, fleet, goals, live, tenants
 
 __all__ = ["ApiConfig", "create_app", "drain"]
 
@@ -72,7 +72,7 @@ def create_app(
     app.state.api_config = config
     app.state.draining = asyncio.Event()  # set by `drain`
     install_error_handlers(app)
-    for resource in (goals, tenants, events, approvals, fleet):
+    for resource in (goals, tenants, events, live, approvals, fleet):
         app.include_router(resource.router)
 
     static = resources.files("taskloom.api") / "static"

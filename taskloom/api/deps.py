@@ -82,7 +82,7 @@ def principal(
         return Principal("local", frozenset(SCOPES))
     token = creds.credentials if creds is not None else None
     # EventSource cannot send headers: event streams also take the token as `access_token`.
-    if token is None and request.url.path.endswith("/events"):
+    if token is None and request.url.path.endswith(("/events", "/stream")):
         token = request.query_params.get("access_token")
     if not token:
         raise ApiError(401, "unauthorized", "an API token is required: send `Authorization: Bearer <token>`")

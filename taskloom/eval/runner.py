@@ -30,7 +30,7 @@ from bus.keys import ROLES, Keys
 from bus.retention import delete_all
 from bus.schemas import GoalRecord
 from llm.cassette import CassetteMiss
-from llm.port import ModelPort
+from llm.port import ModelPort, TextSink
 from llm.types import ModelRequest, ModelResponse
 
 from .. import health
@@ -76,9 +76,9 @@ class MissLog:
         self.name, self.model = inner.name, inner.model
         self.misses: dict[str, str] = {}
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest, on_text: TextSink | None = None) -> ModelResponse:
         try:
-            return await self.inner.complete(request)
+            return await (self.inner.complete(request) if on_text is None else self.inner.complete(request, on_text))
         except CassetteMiss as exc:
             self.misses.setdefault(str(request.metadata.get("goal_id", "")), str(exc))
             raise

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llm.cassette import CassetteMiss, RecordingModel, Replayer
-from llm.port import ModelPort
+from llm.port import ModelPort, TextSink
 from llm.types import ModelRequest, ModelResponse
 
 from ..settings import load_settings
@@ -59,15 +59,18 @@ class ReplayModel:
     def __repr__(self) -> str:
         return f"ReplayModel({str(self.path)!r}, recording={self.recording})"
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest, on_text: TextSink | None = None) -> ModelResponse:
         if self._recorder is not None:
-            return await self._recorder.complete(request)
+            return await self._recorder.complete(request, on_text)
         assert self._replayer is not None
         try:
-            return self._replayer.reply(request)
+            response = self._replayer.reply(request)
         except CassetteMiss as exc:
             self.problems.append(str(exc))
             raise
+        if on_text is not None and response.text:
+            on_text(response.text)  # a recorded reply arrives whole
+        return response
 
     async def aclose(self) -> None:
         if self._recorder is not None:

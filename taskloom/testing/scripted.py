@@ -30,7 +30,9 @@ from typing import Any, Literal
 from bus.schemas import FinalVerdict, TaskSpec, Verdict
 from critic.prompts import FINAL_SYSTEM, FINAL_TOOL, REVIEW_SYSTEM
 from executor.loop import SYSTEM as EXECUTOR_SYSTEM
+from llm.demo import word_chunks
 from llm.errors import TerminalModelError
+from llm.port import TextSink
 from llm.testing import Failure, RecordedRequest, error_body, reply_from_response, request_from_wire
 from llm.testing import Script as FakeScript
 from llm.testing.tokens import count_input_tokens, count_output_tokens
@@ -299,8 +301,12 @@ class ScriptedModel:
         """The requests `role` sent (about `task_id`, if given), in order."""
         return [c.request for c in self.calls if c.role == role and (task_id is None or c.task_id == task_id)]
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        return self.respond(request)
+    async def complete(self, request: ModelRequest, on_text: TextSink | None = None) -> ModelResponse:
+        response = self.respond(request)
+        if on_text is not None:
+            for piece in word_chunks(response.text):  # streamed as a model would, a few words at a time
+                on_text(piece)
+        return response
 
     def respond(self, request: ModelRequest) -> ModelResponse:
         """The pure decision (thread-safe): also what answers the fake HTTP server in parity tests."""

@@ -141,7 +141,8 @@
   // An EventSource on `path` (the token goes as a parameter: EventSource cannot send headers).
   // It reconnects by itself, sending Last-Event-ID, so nothing is missed across a drop; when the
   // browser gives up (a 4xx answer), it says so instead of "reconnecting".
-  function openStream(path, onEvent, onEnd, onOpen) {
+  // `onLive` (a goal's /stream): its `text` and `restart` frames, the models' words as they are written.
+  function openStream(path, onEvent, onEnd, onOpen, onLive) {
     const sep = path.includes("?") ? "&" : "?";
     const url = token() ? `${path}${sep}access_token=${encodeURIComponent(token())}` : path;
     const es = new EventSource(url);
@@ -152,6 +153,9 @@
     };
     es.onerror = () => setStatus(es, es.readyState === EventSource.CLOSED ? "disconnected" : "reconnecting", false);
     es.onmessage = (m) => onEvent(JSON.parse(m.data), m.lastEventId);
+    if (onLive) {
+      for (const kind of ["text", "restart"]) es.addEventListener(kind, (m) => onLive(JSON.parse(m.data)));
+    }
     es.addEventListener("end", () => {
       es.close();
       setStatus(es, "ended", false);
@@ -161,8 +165,8 @@
   }
 
   // A stream of the current view: closed when the view goes; the indicator follows it meanwhile.
-  function viewStream(path, onEvent, onEnd) {
-    const es = openStream(path, onEvent, onEnd);
+  function viewStream(path, onEvent, onEnd, onLive) {
+    const es = openStream(path, onEvent, onEnd, undefined, onLive);
     liveOwner = es;
     paintLive();
     routeCleanup.push(() => es.close());
@@ -571,6 +575,9 @@
     const dag = h("div", { class: "dag", id: "dag" }, h("p", { class: "muted" }, "No plan yet."));
     const tasks = h("div", { id: "tasks" });
     const answer = h("div", { id: "answer" });
+    const writing = h("div", { id: "writing" });
+    const writingPanel = h("section", { class: "panel", id: "writing-panel", hidden: true },
+      h("h2", {}, "Being written"), writing);
     const ledger = h("div", { id: "ledger" });
     const events = h("tbody", { id: "event-rows" });
     put(
@@ -581,6 +588,7 @@
         h("div", {},
           h("section", { class: "panel" }, h("h2", {}, "Plan"), dag),
           h("section", { class: "panel" }, h("h2", { id: "answer-title" }, "Answer"), answer),
+          writingPanel,
           h("section", { class: "panel" }, h("h2", {}, "Tasks and attempts"), tasks)),
         h("div", {},
           h("section", { class: "panel" }, h("h2", {}, "Ledger"), ledger),
@@ -638,13 +646,74 @@
 
     const ENDED = { failed: "Failed", cancelled: "Cancelled", budget_exhausted: "Out of budget" };
 
+    // The models' words as they are written (/stream's `text` and `restart` frames, never stored):
+    // per task, the text of its latest call. A frame's text lands at its offset (held[:offset] +
+    // text), so a call written again from 0 replaces it; `restart` clears it and says so. A task
+    // that leaves running drops its text: its stored attempt (Tasks) and the answer take over.
+    const live = new Map(); // task id -> { attempt, step, text, gap, restarted, el }
+    let planTasks = 0; // tasks of the current plan (0: no plan yet)
+
+    function onLive(f) {
+      let held = live.get(f.task);
+      if (f.type === "restart") {
+        const restarted = held ? held.restarted + 1 : 1;
+        if (held) held.el.remove();
+        held = { attempt: f.attempt, step: f.step, text: "", gap: false, restarted, el: null };
+        live.set(f.task, held);
+      } else {
+        if (!held || held.attempt !== f.attempt || held.step !== f.step) {
+          if (held) held.el.remove();
+          held = { attempt: f.attempt, step: f.step, text: "", gap: false, restarted: held ? held.restarted : 0, el: null };
+          live.set(f.task, held);
+        }
+        if (f.offset > held.text.length) { held.text += f.text; held.gap = true; }
+        else held.text = held.text.slice(0, f.offset) + f.text;
+      }
+      paintLiveTask(f.task, held);
+    }
+
+    function paintLiveTask(task, held) {
+      const note = `attempt ${held.attempt} · step ${held.step}` + (held.restarted ? " · restarted: written again" : "");
+      const el = h("div", { class: "writing", dataset: { task, length: String(held.text.length), restarted: String(held.restarted) } },
+        h("div", {}, h("b", {}, task), " ", h("span", { class: "muted" }, note)),
+        h("pre", { class: "live-text" }, (held.gap ? "…" : "") + held.text));
+      if (held.el) held.el.replaceWith(el); else writing.append(el);
+      held.el = el;
+      writingPanel.hidden = false;
+      paintAnswerLive();
+    }
+
+    function dropLive(task) {
+      const held = live.get(task);
+      if (!held) return;
+      held.el.remove();
+      live.delete(task);
+      writingPanel.hidden = live.size === 0;
+      paintAnswerLive();
+    }
+
+    // A goal of one task (or not planned yet: a goal answered in text is answered while it is
+    // planned) has that task's words as its answer: shown in the Answer panel as they come.
+    function paintAnswerLive() {
+      const slot = $("#answer-live");
+      if (!slot) return;
+      const only = planTasks <= 1 && live.size === 1 ? [...live.values()][0] : null;
+      slot.hidden = !only || !only.text;
+      slot.textContent = only ? (only.gap ? "…" : "") + only.text : "";
+      const none = $("#answer-none");
+      if (none) none.textContent = slot.hidden ? "Not yet." : "Being written…";
+    }
+
     // A goal that ended without an answer says why, and what its tasks had achieved by then.
     function renderAnswer(g, a) {
       const ended = TERMINAL.includes(g.state) && g.state !== "succeeded";
       $("#answer-title").textContent = ended ? "Outcome" : "Answer";
+      planTasks = a.tasks.length;
       if (!ended) {
         put(answer, g.answer ? h("div", { class: "answer", id: "answer-text" }, g.answer)
-          : h("p", { class: "muted" }, g.state === "succeeded" ? "(empty)" : "Not yet."));
+          : h("div", {}, h("div", { class: "answer live-text", id: "answer-live", hidden: true }),
+            h("p", { class: "muted", id: "answer-none" }, g.state === "succeeded" ? "(empty)" : "Not yet.")));
+        paintAnswerLive();
         return;
       }
       const accepted = [];
@@ -709,14 +778,20 @@
     await refresh(first);
     const soon = debounce(refresh, 150);
     let after = null; // the last event shown
-    const follow = () => viewStream(`/v1/goals/${encodeURIComponent(id)}/events${after ? `?after=${after}` : ""}`,
-      (e, position) => { after = position || after; addEvent(e); soon(); },
+    const follow = () => viewStream(`/v1/goals/${encodeURIComponent(id)}/stream${after ? `?after=${after}` : ""}`,
+      (e, position) => {
+        after = position || after;
+        addEvent(e);
+        if (e.type === "task.state" && e.task_id && !["ready", "running"].includes(e.data.state)) dropLive(e.task_id);
+        soon();
+      },
       async () => {
         // `end` means the goal ended; should a server say it while the goal runs, follow on.
         const s = await api(`/v1/goals/${encodeURIComponent(id)}`).catch(() => null);
         if (s && !TERMINAL.includes(s.goal.state) && !closed) follow();
         refresh(s || undefined);
-      });
+      },
+      onLive);
     let closed = false;
     routeCleanup.push(() => { closed = true; });
     follow();
