@@ -51,6 +51,7 @@ from llm.errors import (
     RetryableModelError,
     TerminalModelError,
 )
+from llm.pacing import gulped
 from llm.pairing import check_tool_pairing
 from llm.port import TextSink
 from llm.toolnames import ToolNameMap
@@ -635,7 +636,7 @@ class AnthropicModel:
         assembly = StreamAssembly()
         stream = await self._client.messages.create(**params, stream=True)
         async with stream:
-            async for event in stream:
+            async for event in gulped(aiter(stream)):
                 text = assembly.add(event)
                 if text:
                     on_text(text)

@@ -47,6 +47,7 @@ from llm.errors import (
     RetryableModelError,
     TerminalModelError,
 )
+from llm.pacing import gulped
 from llm.pairing import check_tool_pairing
 from llm.port import TextSink
 from llm.toolnames import ToolNameMap
@@ -590,8 +591,11 @@ class OpenAIModel:
             **params, stream=True, stream_options={"include_usage": True}
         )
         chunks: list[dict[str, Any]] = []
+        # Gulped only for a watcher: a reply streamed because the server needs it (no watcher) would
+        # only end later for it.
+        chunks_in = aiter(stream) if on_text is None else gulped(aiter(stream))
         async with stream:
-            async for chunk in stream:
+            async for chunk in chunks_in:
                 data = chunk.to_dict()
                 chunks.append(data)
                 if on_text is not None:

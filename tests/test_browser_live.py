@@ -88,6 +88,10 @@ async def test_the_console_shows_the_answer_growing_before_the_task_is_done(
                 while not await subscribed():
                     assert time.monotonic() < deadline, "the goal page never subscribed to the live text"
                     await asyncio.sleep(0.05)
+                # The planner's call asked whether anyone listens before the page subscribed, and a
+                # worker trusts "nobody" for a second (bus.live's listener_ttl): past it, the
+                # executor's call asks again and finds the page.
+                await asyncio.sleep(1.2)
                 writer.go.set()
 
                 # Observe the task's text while it is written: growing, each a prefix of the answer,

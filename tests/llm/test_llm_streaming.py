@@ -4,6 +4,8 @@ call returns (content, stop reason, usage)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from llm import Message, ModelRequest, ModelTimeoutError, ToolDef
 from llm.anthropic import AnthropicModel
 from llm.demo import DemoModel, word_chunks
 from llm.openai import OpenAIModel
+from llm.pacing import gulped
 from llm.testing import FakeAnthropicServer, Reply, text_reply, tool_reply
 from llm.testing.openai_server import FakeOpenAIServer
 from llm.testing.openai_wire import openai_text_reply, openai_tool_reply
@@ -145,3 +148,27 @@ async def test_scripted_model_streams_its_executor_answers() -> None:
     request = _request(system=SYSTEM, tools=[], messages=[Message.user("Your task (t1): do it")])
     response = await model.complete(request, on_text=deltas)
     assert "".join(deltas) == response.text == "first answer, written in a few words" and len(deltas) > 1
+
+
+async def test_a_gulped_stream_pauses_only_after_an_event_it_waited_for() -> None:
+    """After an event the reader had to wait for, `gulped` waits one interval (the next events gather
+    in the buffer meanwhile); events already read come at once; interval 0 passes them through."""
+
+    async def source() -> AsyncIterator[str]:
+        await asyncio.sleep(0.02)  # a socket read that waited
+        yield "a"
+        yield "b"  # already buffered
+        yield "c"
+
+    for interval, pause in ((0.3, True), (0.0, False)):
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        at: dict[str, float] = {}
+        async for item in gulped(source(), interval):
+            at[item] = loop.time() - start
+        assert list(at) == ["a", "b", "c"]
+        if pause:
+            assert at["b"] - at["a"] >= 0.29  # paused after the waited-for "a"
+        else:
+            assert at["b"] - at["a"] < 0.1
+        assert at["c"] - at["b"] < 0.1  # no pause after the buffered "b"
