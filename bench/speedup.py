@@ -54,6 +54,7 @@ from bench._harness import (
     bench_redis,
     goal_text,
     machine,
+    profile_from_now,
     spawn_worker,
     stop,
     task_id,
@@ -179,6 +180,7 @@ async def run(url: str, delay: float, widths: list[int], reps: int, concurrency:
                 for warm in (1, 2):  # imports, connections, scripts; both paths (routed and planned)
                     await goal(client, warm, False)
                 await react_lean(model, 1)
+                profile_from_now([proc])
                 for width in widths:
                     for config in CONFIGS:
                         row = Row(width, config)

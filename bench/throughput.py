@@ -52,6 +52,7 @@ from bench._harness import (
     goal_text,
     job_starts,
     machine,
+    profile_from_now,
     spawn,
     spawn_worker,
     stop,
@@ -156,6 +157,7 @@ async def taskloom(
             )
             await asyncio.sleep(1.0)  # every executor up (they share one health-check key)
             client = Client(bench.redis, bench.keys, default_budget_tokens=10_000_000)
+            profile_from_now(procs)
             cpu0, cmd0, own0 = cpu_seconds(procs), await command_counts(bench.redis), time.process_time()
             t0 = time.perf_counter()
             ids = await asyncio.gather(*(client.submit(goal_text(width, 1, STEPS)) for _ in range(goals)))

@@ -27,7 +27,7 @@ import fcntl
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -41,6 +41,12 @@ from arq.connections import ArqRedis, RedisSettings, create_pool
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from . import durability
+
+_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:  # the optional `taskloom[fast]` extra
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover - exercised where hiredis is not installed
+    _pack = None
 
 log = structlog.get_logger("taskloom.redis")
 
@@ -112,7 +118,9 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     sentinels = tuple(_host_port(h) for h in hosts.split(","))
     parts = [p for p in path.split("/")]
     if not parts or not parts[0]:
-        raise RedisUrlError(f"expected the master's name after the Sentinels, e.g. {SENTINEL_SCHEME}://h:26379/mymaster/0")
+        raise RedisUrlError(
+            f"expected the master's name after the Sentinels, e.g. {SENTINEL_SCHEME}://h:26379/mymaster/0"
+        )
     if len(parts) > 2 or (len(parts) == 2 and parts[1] and not parts[1].isdigit()):
         raise RedisUrlError(f"expected /<master name>[/<database number>] after the Sentinels, got /{path}")
     options: dict[str, str] = {}
@@ -395,20 +403,48 @@ class _DropOnReadOnly:
             raise
 
 
-class FollowingConnection(_DropOnReadOnly, redis.asyncio.Connection):
+class _HiredisPacking:
+    """A connection that packs commands with hiredis's C packer when hiredis is installed: redis-py's
+    asyncio connection packs every argument in Python (an `encode` and several `isinstance` per
+    argument), about 9 µs for a 14-argument EVALSHA against 2 µs in C, and a worker sends ~40
+    commands per job. The bytes are the same (floats as `repr`, a command name with spaces split);
+    a value redis-py would refuse (a bool, an object) raises the same `DataError`."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if _pack is None:
+            return super().pack_command(*args)  # type: ignore[misc, no-any-return]
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        elif b" " in args[0]:
+            args = (*args[0].split(), *args[1:])
+        try:
+            return [_pack(args)]
+        except TypeError as exc:
+            raise redis.exceptions.DataError(str(exc)) from None
+
+
+class FollowingConnection(_DropOnReadOnly, _HiredisPacking, redis.asyncio.Connection):
     pass
 
 
-class FollowingSSLConnection(_DropOnReadOnly, redis.asyncio.SSLConnection):
+class FollowingSSLConnection(_DropOnReadOnly, _HiredisPacking, redis.asyncio.SSLConnection):
     pass
+
+
+class PackingUnixConnection(_HiredisPacking, redis.asyncio.UnixDomainSocketConnection):
+    """The embedded server's transport: a local server that is never demoted, so only the packing."""
 
 
 async def _follow_promotions(client: redis.asyncio.Redis) -> None:
-    """Make a plain TCP pool's connections `_DropOnReadOnly` (arq's `create_pool` cannot be given a
-    connection class); the connection its ping opened is closed and forgotten, so none of the old
-    kind is left."""
+    """Make a plain TCP pool's connections `_DropOnReadOnly`, and every plain pool's `_HiredisPacking`
+    (arq's `create_pool` cannot be given a connection class); the connection its ping opened is
+    closed and forgotten, so none of the old kind is left."""
     pool = client.connection_pool
-    following = {redis.asyncio.Connection: FollowingConnection, redis.asyncio.SSLConnection: FollowingSSLConnection}
+    following = {
+        redis.asyncio.Connection: FollowingConnection,
+        redis.asyncio.SSLConnection: FollowingSSLConnection,
+        redis.asyncio.UnixDomainSocketConnection: PackingUnixConnection,
+    }
     if pool.connection_class in following:
         pool.connection_class = following[pool.connection_class]
         await pool.disconnect()
