@@ -23,38 +23,16 @@ from llm.types import ToolUseBlock
 from . import events as ev
 from .attempts import AttemptStore
 from .keys import Keys
+from .replies import as_str
 from .schemas import GOAL_TERMINAL, Event, GoalState
+from .scripts import lua
 from .store import NotFound
 
 _APPROVED = "approved"
 _DENIED = "denied:"
 
-# KEYS: requests hash, decisions hash, inbox, goal stream, global stream
-# ARGV: call id, request JSON, inbox member, now (ms), event JSON, maxlen
-# Returns 1 if the request is new, 0 if it was already pending or already decided (nothing written):
-# an executor resumed while the call still waits asks again, and must not add a second event.
-_REQUEST = """
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', tonumber(ARGV[6]) * 10, '*', 'e', ARGV[5])
-return 1
-"""
-
-# KEYS: requests hash, decisions hash, inbox, goal stream, global stream
-# ARGV: call id, decision, inbox member, event JSON, maxlen
-# Returns 'ok' | 'decided' (an earlier decision stands; nothing written) | 'missing'
-_DECIDE = """
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 'decided' end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 'missing' end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[3])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[4])
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', tonumber(ARGV[5]) * 10, '*', 'e', ARGV[4])
-return 'ok'
-"""
+_REQUEST = lua("approvals_request")
+_DECIDE = lua("approvals_decide")
 
 
 class AlreadyDecided(NotFound):
@@ -138,10 +116,6 @@ class PendingApproval(BaseModel):
     earlier: list[EarlierCall] = Field(default_factory=list, description="earlier calls of this tool in this task")
 
 
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 def member(goal_id: str, call_id: str) -> str:
     # Goal ids never contain a space (GOAL_ID_PATTERN), so the first space splits the two.
     return f"{goal_id} {call_id}"
@@ -209,7 +183,7 @@ class ApprovalBook:
     async def decision(self, goal_id: str, call_id: str) -> str | None:
         """The stored form of the call's decision (`ApprovalDecision.encode`), None if undecided."""
         raw = await self.redis.hget(self.keys.approvals(goal_id), call_id)  # type: ignore[misc]
-        return None if raw is None else _s(raw)
+        return None if raw is None else as_str(raw)
 
     async def decided(self, goal_id: str, call_id: str) -> ApprovalDecision | None:
         """The call's decision as a record, None if undecided."""
@@ -221,7 +195,7 @@ class ApprovalBook:
         key = self.keys.approval_requests(goal_id)
         raw = await self.redis.hgetall(key)  # type: ignore[misc]
         try:
-            return {_s(k): dict(json.loads(v)) for k, v in raw.items()}
+            return {as_str(k): dict(json.loads(v)) for k, v in raw.items()}
         except (ValueError, TypeError) as exc:
             raise ev.CorruptRecord("approval request", key, ev.first_error(exc)) from None
 
@@ -246,7 +220,7 @@ class ApprovalBook:
             keys=self._keys(goal_id),
             args=[call_id, decision, member(goal_id, call_id), ev.encode(event), self.maxlen],
         )
-        return _s(out)
+        return as_str(out)
 
     async def pending(self, limit: int = 100, goal_id: str | None = None) -> list[PendingApproval]:
         """Calls awaiting a decision across every goal (or one), oldest first.
@@ -256,7 +230,7 @@ class ApprovalBook:
         again, because a call id is decided once and a goal never leaves a terminal state.
         """
         rows = await self.redis.zrange(self.keys.approvals_pending(), 0, -1, withscores=True)
-        entries = [(_s(m), score) for m, score in rows]
+        entries = [(as_str(m), score) for m, score in rows]
         if goal_id is not None:
             entries = [(m, s) for m, s in entries if m.split(" ", 1)[0] == goal_id]
         out: list[PendingApproval] = []
@@ -271,7 +245,7 @@ class ApprovalBook:
                 replies = await pipe.execute()
             for i, (m, score) in enumerate(chunk):
                 raw, state = replies[2 * i], replies[2 * i + 1]
-                if raw is None or state is None or GoalState(_s(state)) in GOAL_TERMINAL:
+                if raw is None or state is None or GoalState(as_str(state)) in GOAL_TERMINAL:
                     stale.append(m)
                     continue
                 if len(out) >= limit:

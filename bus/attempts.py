@@ -26,7 +26,9 @@ from llm.types import Message, ModelResponse, Usage
 from .batch import ScriptCall, run_scripts
 from .events import encode
 from .keys import Keys
+from .replies import as_str
 from .schemas import Event, TaskResult
+from .scripts import module_scripts
 
 # How one tool call ended (the gateway decides; the step record keeps it). `repeated`: answered
 # with a warning instead of running (an identical call already succeeded); `loop`: repeated again
@@ -96,101 +98,10 @@ class Pending(BaseModel):
     started: set[str] = Field(default_factory=set)
     results: dict[str, ToolOutcome] = Field(default_factory=dict)
 
-
-# KEYS: lease, leases zset, results hash. ARGV: holder, ttl_ms, now_ms, member, result field.
-# Returns {'ok', epoch, started_ms, stored result or ''} or {'held', epoch}. The attempt's stored
-# result comes back with the lease (a re-run finds it without another round trip).
-_ACQUIRE = """
-local h = redis.call('HMGET', KEYS[1], 'expires_ms', 'holder', 'epoch', 'started_ms')
-local exp = tonumber(h[1] or '0')
-if exp > tonumber(ARGV[3]) and h[2] ~= ARGV[1] then
-  return {'held', h[3] or '0'}
-end
-local epoch = tonumber(h[3] or '0') + 1
-local started = h[4] or ARGV[3]
-local expires = tonumber(ARGV[3]) + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'epoch', epoch, 'holder', ARGV[1], 'expires_ms', expires, 'started_ms', started)
-redis.call('ZADD', KEYS[2], expires, ARGV[4])
-return {'ok', tostring(epoch), started, redis.call('HGET', KEYS[3], ARGV[5]) or ''}
-"""
-
-# KEYS: lease, leases zset. ARGV: epoch, ttl_ms, now_ms, member. Returns 1, or 0 if the lease was lost.
-_RENEW = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-local expires = tonumber(ARGV[3]) + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'expires_ms', expires)
-redis.call('ZADD', KEYS[2], expires, ARGV[4])
-return 1
-"""
-
-# KEYS: lease, leases zset. ARGV: epoch, member. The attempt is over: nobody needs to resume it.
-_FINISH = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'expires_ms', 0, 'holder', '')
-redis.call('ZREM', KEYS[2], ARGV[2])
-return 1
-"""
-
-# KEYS: lease, leases zset. ARGV: epoch, member, watchdog time (ms). The holder gives the attempt up
-# unfinished (its worker is shutting down, or its job will be re-run later): the epoch moves on, so
-# any late write or renewal of the old holder fails, and the lease is free now so that the next
-# `execute` job takes it at once; the watchdogs resume it at the given time if no such job comes.
-_RELEASE = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-redis.call('HSET', KEYS[1], 'expires_ms', 0, 'holder', '')
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
-return 1
-"""
-
-# KEYS: lease, pending, [goal stream, global stream]. ARGV: epoch, event JSON ('' = none), stream
-# maxlen, then field/value pairs. Returns 1, or 0 if the lease was lost (nothing written).
-# The event (a tool call's audit record) is appended with the outcome it reports: one round trip.
-_PENDING_SET = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-local pairs = {}
-for i = 4, #ARGV do pairs[#pairs + 1] = ARGV[i] end
-redis.call('HSET', KEYS[2], unpack(pairs))
-if ARGV[2] ~= '' then
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', ARGV[2])
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', tonumber(ARGV[3]) * 10, '*', 'e', ARGV[2])
-end
-return 1
-"""
-
-# KEYS: lease, steps, pending, task record. ARGV: epoch, expected index, step JSON, '1' to read the
-# task. Appends the step only at its index (a duplicate append is a no-op) and clears the pending
-# step. Returns {1 appended | 2 already there, the task's state, its attempt} (state '' when not
-# read), or {0} when the lease was lost. The task's state rides along for the check before the next
-# model call (cancelled? moved on to another attempt?), which then needs no read of its own.
-_APPEND_STEP = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return {0} end
-local status = 2
-if redis.call('LLEN', KEYS[2]) <= tonumber(ARGV[2]) then
-  redis.call('RPUSH', KEYS[2], ARGV[3])
-  redis.call('DEL', KEYS[3])
-  status = 1
-end
-if ARGV[4] ~= '1' then return {status, '', '0'} end
-local task = redis.call('HMGET', KEYS[4], 'state', 'attempt')
-return {status, task[1] or '', task[2] or '0'}
-"""
-
-# KEYS: lease, results hash. ARGV: epoch, field, result JSON. Returns 1 stored, 2 already there, 0 lost.
-_SAVE_RESULT = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return 0 end
-if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) == 1 then return 1 end
-return 2
-"""
-
-# Claims an expired lease for resumption so that only one watchdog re-enqueues it per period.
-# KEYS: leases zset. ARGV: member, now_ms, new score. Returns 1 if claimed.
-_CLAIM_EXPIRED = """
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score or tonumber(score) > tonumber(ARGV[2]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-return 1
-"""
+# The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
+_ACQUIRE, _RENEW, _FINISH, _RELEASE, _PENDING_SET, _APPEND_STEP, _SAVE_RESULT, _CLAIM_EXPIRED = module_scripts(
+    "attempts", "acquire", "renew", "finish", "release", "pending_set", "append_step", "save_result", "claim_expired"
+)
 
 
 # How long the task state read by `append_step` stands in for a read of the task: the check before
@@ -356,7 +267,7 @@ class AttemptStore:
         )
         if not int(out[0]):
             raise LeaseLost(self.member, self.epoch)
-        state = out[1].decode() if isinstance(out[1], bytes) else str(out[1])
+        state = as_str(out[1])
         self._task_seen = (state, int(out[2]), time.monotonic()) if state else None
 
     def task_seen(self, within: float = TASK_SEEN_S) -> tuple[str, int] | None:
@@ -385,7 +296,7 @@ async def claim_expired(redis: Redis, keys: Keys, limit: int, hold_for: float) -
     script = redis.register_script(_CLAIM_EXPIRED)
     claimed = []
     for raw in members:
-        member = raw.decode() if isinstance(raw, bytes) else str(raw)
+        member = as_str(raw)
         if await script(keys=[keys.leases()], args=[member, now, now + int(hold_for * 1000)]):
             claimed.append(keys.parse_lease_member(member))
     return claimed

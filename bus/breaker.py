@@ -23,6 +23,8 @@ from typing import Literal
 from redis.asyncio import Redis
 
 from .keys import Keys
+from .replies import as_str
+from .scripts import lua
 
 Gate = Literal["call", "probe", "skip"]
 
@@ -56,68 +58,10 @@ def gate(state: BreakerState, cooldown: float) -> Gate:
         return "skip"
     return "probe"
 
-
-# KEYS: the model's breaker hash. ARGV: failures, window, cooldown.
-# Returns {opened (0/1), open_until}.
-_FAILED = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local h = redis.call('HMGET', KEYS[1], 'count', 'since', 'open_until')
-local count, since, open_until = tonumber(h[1] or '0'), tonumber(h[2] or '0'), tonumber(h[3] or '0')
-local failures, window, cooldown = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local ttl = math.ceil((window + cooldown) * 2000)
-if open_until > 0 then
-  if now < open_until then return {0, tostring(open_until)} end
-  -- half-open: the probe (or a call that began before the breaker opened) failed: open again
-  open_until = now + cooldown
-  redis.call('HSET', KEYS[1], 'count', '0', 'since', string.format('%.6f', now), 'open_until',
-             string.format('%.6f', open_until))
-  redis.call('HDEL', KEYS[1], 'probe')
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  return {1, tostring(open_until)}
-end
-if now - since > window then count = 0; since = now end
-count = count + 1
-if count >= failures then
-  open_until = now + cooldown
-  redis.call('HSET', KEYS[1], 'count', '0', 'since', string.format('%.6f', now), 'open_until',
-             string.format('%.6f', open_until))
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  return {1, tostring(open_until)}
-end
-redis.call('HSET', KEYS[1], 'count', tostring(count), 'since', string.format('%.6f', since))
-redis.call('PEXPIRE', KEYS[1], ttl)
-return {0, '0'}
-"""
-
-# KEYS: breaker hashes. Returns {now, then count, open_until, probe of each}.
-_READ = """
-local t = redis.call('TIME')
-local out = {t[1] .. '.' .. string.format('%06d', tonumber(t[2]))}
-for _, key in ipairs(KEYS) do
-  local h = redis.call('HMGET', key, 'count', 'open_until', 'probe')
-  out[#out + 1] = h[1] or '0'
-  out[#out + 1] = h[2] or '0'
-  out[#out + 1] = h[3] or '0'
-end
-return out
-"""
-
-# KEYS: the model's breaker hash. ARGV: cooldown. Claims the half-open probe: 1 if this caller got it.
-# The claim holds for one cool-down: a prober that died frees it then (its failure re-opens at once).
-_PROBE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local h = redis.call('HMGET', KEYS[1], 'open_until', 'probe')
-local open_until, probe = tonumber(h[1] or '0'), tonumber(h[2] or '0')
-if open_until == 0 or now < open_until or (probe > 0 and now - probe < tonumber(ARGV[1])) then return 0 end
-redis.call('HSET', KEYS[1], 'probe', string.format('%.6f', now))
-return 1
-"""
-
-
-def _s(v: object) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+# The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
+_FAILED = lua("breaker_failed")
+_READ = lua("breaker_read")
+_PROBE = lua("breaker_probe")
 
 
 class Breaker:
@@ -134,12 +78,12 @@ class Breaker:
     async def states(self, models: Sequence[str]) -> list[BreakerState]:
         """Every model's state, in one round trip."""
         out = await self._read(keys=[self.keys.breaker(m) for m in models])
-        now = float(_s(out[0]))
+        now = float(as_str(out[0]))
         return [
             BreakerState(
-                count=int(_s(out[1 + 3 * i])),
-                open_until=float(_s(out[2 + 3 * i])),
-                probe_at=float(_s(out[3 + 3 * i])),
+                count=int(as_str(out[1 + 3 * i])),
+                open_until=float(as_str(out[2 + 3 * i])),
+                probe_at=float(as_str(out[3 + 3 * i])),
                 now=now,
             )
             for i in range(len(models))

@@ -23,6 +23,7 @@ from .events import EventLog
 from .jobs import ExecuteJob, JobPayload, Jobs, PlanJob, ReplanJob, ReviewGoalJob
 from .keys import Keys
 from .ledger import Ledger
+from .replies import as_str
 from .schemas import GOAL_ID_PATTERN, Event, Goal, GoalRecord, StoredPlan, TaskRecord
 from .store import AlreadyExists, NotFound, Store
 from .synthesis import accepted_key
@@ -48,10 +49,6 @@ class GoalStatus(BaseModel):
     goal: GoalRecord
     plan: StoredPlan | None
     tasks: list[TaskRecord]
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def new_goal_id() -> str:
@@ -152,7 +149,7 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         # Read state after noting the stream position, so no terminal event slips between them.
         tail = await self.redis.xrevrange(self.keys.goal_events(goal_id), count=1)
-        after: str | None = _s(tail[0][0]) if tail else None
+        after: str | None = as_str(tail[0][0]) if tail else None
         goal = await self.get(goal_id)
         while not goal.terminal:
             left = None if deadline is None else deadline - time.monotonic()

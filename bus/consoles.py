@@ -15,6 +15,7 @@ import structlog
 from redis.asyncio import Redis
 
 from .keys import Keys
+from .replies import as_str
 
 log = structlog.get_logger("taskloom.consoles")
 
@@ -50,4 +51,4 @@ async def console_url(redis: Redis, keys: Keys) -> str | None:
     if not rows:
         return None
     url = rows[0]
-    return url.decode() if isinstance(url, bytes) else str(url)
+    return as_str(url)

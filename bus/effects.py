@@ -22,7 +22,9 @@ from redis.asyncio.client import Pipeline
 
 from .durability import confirmed, script_confirmed
 from .keys import Keys
+from .replies import as_str
 from .schemas import utcnow
+from .scripts import lua
 
 EffectState = Literal["started", "ok", "failed", "unknown"]
 
@@ -41,15 +43,8 @@ class EffectRecord(BaseModel):
     result: str = ""  # what the tool returned (or its error), cut to RESULT_LIMIT
     at: str = Field(default_factory=lambda: utcnow().isoformat())
 
-
-# KEYS: effects hash. ARGV: key, record JSON. Claims the call unless an earlier one did it (or may
-# have): returns nil when claimed, else the earlier record's JSON.
-_BEGIN = """
-local st = redis.call('HGET', KEYS[1], 'state:' .. ARGV[1])
-if st and st ~= 'failed' then return redis.call('HGET', KEYS[1], ARGV[1]) end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], 'state:' .. ARGV[1], 'started')
-return false
-"""
+# The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
+_BEGIN = lua("effects_begin")
 
 
 class SideEffects:
@@ -95,7 +90,7 @@ class SideEffects:
         raw = await self.redis.hgetall(self.keys.side_effects(goal_id, task_id))  # type: ignore[misc]
         records = []
         for field, value in raw.items():
-            name = field.decode() if isinstance(field, bytes) else str(field)
+            name = as_str(field)
             if not name.startswith("state:"):
                 records.append(EffectRecord.model_validate_json(value))
         return sorted(records, key=lambda r: (r.at, r.attempt))

@@ -14,7 +14,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from .keys import Keys
+from .replies import as_str
 from .schemas import Event
+from .scripts import lua
 
 FIELD = "e"  # each stream entry holds one field: the event as JSON
 
@@ -64,14 +66,8 @@ def decode(position: bytes | str, fields: dict[Any, Any]) -> Event:
     pos = position.decode() if isinstance(position, bytes) else position
     return Event.model_validate({**json.loads(raw), "position": pos})
 
-
-# KEYS: goal stream, global stream. ARGV: event JSON, maxlen. Returns the goal stream position.
-# A script rather than MULTI/EXEC: the same atomic pair of appends in three commands instead of four.
-_EMIT = """
-local pos = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'e', ARGV[1])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', tonumber(ARGV[2]) * 10, '*', 'e', ARGV[1])
-return pos
-"""
+# The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
+_EMIT = lua("events_emit")
 
 
 class EventLog:
@@ -86,7 +82,7 @@ class EventLog:
         pos = await self._emit(
             keys=[self.keys.goal_events(event.goal_id), self.keys.global_events()], args=[encode(event), self.maxlen]
         )
-        return pos.decode() if isinstance(pos, bytes) else str(pos)
+        return as_str(pos)
 
     async def next_position(
         self, goal_id: str, after: str | None, block_ms: int, marker: str
@@ -110,7 +106,7 @@ class EventLog:
         head = f'{{"type":"{marker}"'.encode()
         seen = any(_as_bytes(fields.get(FIELD.encode(), fields.get(FIELD, b""))).startswith(head) for _, fields in rows)
         pos = rows[-1][0]
-        return (pos.decode() if isinstance(pos, bytes) else str(pos)), seen
+        return as_str(pos), seen
 
     async def read(
         self, goal_id: str | None, after: str | None = None, count: int = 1000, block_ms: int | None = None

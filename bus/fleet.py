@@ -17,6 +17,7 @@ from arq.constants import in_progress_key_prefix
 from redis.asyncio import Redis
 
 from .keys import ROLES, Keys
+from .replies import as_str
 
 # Dead members are kept this long, so that `taskloom health` can say when a worker was last seen.
 FORGET_AFTER_MS = 3600 * 1000
@@ -24,10 +25,6 @@ FORGET_AFTER_MS = 3600 * 1000
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _s(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 async def beat(redis: Redis, keys: Keys, roles: Sequence[str], instance: str, ttl: float) -> None:
@@ -48,7 +45,7 @@ async def deregister(redis: Redis, keys: Keys, roles: Sequence[str], instance: s
 async def heartbeats(redis: Redis, keys: Keys, role: str) -> list[tuple[str, int]]:
     """The role's worker instances with their heartbeat expiry (ms)."""
     rows = await redis.zrange(keys.workers(role), 0, -1, withscores=True)
-    return [(_s(m), int(score)) for m, score in rows]
+    return [(as_str(m), int(score)) for m, score in rows]
 
 
 async def clear_health_checks(redis: Redis, keys: Keys, roles: Sequence[str]) -> None:
@@ -74,7 +71,7 @@ async def oldest_waiting(redis: Redis, keys: Keys, role: str, now: int, page: in
             return None
         async with redis.pipeline(transaction=False) as pipe:
             for job_id, _ in rows:
-                pipe.exists(in_progress_key_prefix + _s(job_id))
+                pipe.exists(in_progress_key_prefix + as_str(job_id))
             running = await pipe.execute()
         for (_, due), busy in zip(rows, running, strict=True):
             if not busy:
@@ -85,10 +82,10 @@ async def oldest_waiting(redis: Redis, keys: Keys, role: str, now: int, page: in
 async def last_wake(redis: Redis, key: str) -> str:
     """Id of the wake stream's newest entry ('0-0' if none): a listener starts after it."""
     tail = await redis.xrevrange(key, count=1)
-    return _s(tail[0][0]) if tail else "0-0"
+    return as_str(tail[0][0]) if tail else "0-0"
 
 
 async def next_wake(redis: Redis, key: str, last: str, block_ms: int) -> str | None:
     """Block up to `block_ms` for entries after `last`; the newest entry's id, or None."""
     reply = await redis.xread({key: last}, count=100, block=block_ms)
-    return _s(reply[0][1][-1][0]) if reply else None
+    return as_str(reply[0][1][-1][0]) if reply else None

@@ -15,47 +15,15 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from redis.asyncio import Redis
 
 from .keys import Keys
+from .replies import as_str
 from .schemas import GOAL_ID_PATTERN, GoalState
+from .scripts import lua
 
-# KEYS: goal index
-# ARGV: max score ('+inf' or the cursor's score), cursor id ('' = none), states (comma-separated,
-#       '' = any), limit, scan cap, goal key prefix (Keys.goal(''))
-# Returns {ids, last score, last id} (last = '' when the index is exhausted)
-_PAGE = """
-local want = nil
-if ARGV[3] ~= '' then
-  want = {}
-  for s in string.gmatch(ARGV[3], '[^,]+') do want[s] = true end
-end
-local limit, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
-local cur_score = nil
-if ARGV[2] ~= '' then cur_score = tonumber(ARGV[1]) end
-local out, seen, offset = {}, 0, 0
-while true do
-  local rows = redis.call('ZREVRANGEBYSCORE', KEYS[1], ARGV[1], '-inf', 'WITHSCORES', 'LIMIT', offset, 100)
-  if #rows == 0 then return {out, '', ''} end
-  for i = 1, #rows, 2 do
-    local id, score = rows[i], rows[i + 1]
-    -- Equal scores come in reverse id order: skip the cursor and everything before it.
-    if not (cur_score and tonumber(score) == cur_score and id >= ARGV[2]) then
-      seen = seen + 1
-      local st = redis.call('HGET', ARGV[6] .. id, 'state')
-      if st and (not want or want[st]) then out[#out + 1] = id end
-      if #out >= limit or seen >= cap then
-        -- The last entry of the index: no cursor, so a reader knows there is nothing more.
-        if i + 1 >= #rows and #rows < 200 then return {out, '', ''} end
-        return {out, score, id}
-      end
-    end
-  end
-  offset = offset + 100
-end
-"""
+_PAGE = lua("goal_index_page")
 
 
 class BadCursor(ValueError):
@@ -66,10 +34,6 @@ class BadCursor(ValueError):
 class GoalPage:
     ids: list[str]
     next_cursor: str | None
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def encode_cursor(score: str, goal_id: str) -> str:
@@ -103,5 +67,5 @@ class GoalIndex:
             keys=[self.keys.goal_index()],
             args=[score, after, ",".join(s.value for s in states or []), limit, scan, self.keys.goal("")],
         )
-        nxt = encode_cursor(_s(last_score), _s(last_id)) if _s(last_id) else None
-        return GoalPage([_s(i) for i in ids], nxt)
+        nxt = encode_cursor(as_str(last_score), as_str(last_id)) if as_str(last_id) else None
+        return GoalPage([as_str(i) for i in ids], nxt)

@@ -21,28 +21,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .batch import ScriptCall, run_scripts
 from .keys import Keys
+from .replies import as_str
 from .schemas import GoalId, TaskId
+from .scripts import lua
 from .tracing import current_traceparent
 
 WAKE_MAXLEN = 100  # wake-up streams only need their latest entries
 # arq 0.28's default lifetime of a queued job's key (`ArqRedis.expires_extra_ms`): a day.
 JOB_EXPIRES_MS = 86_400_000
 
-# arq's `ArqRedis.enqueue_job` (0.28), plus the supervisor's driver record and the wake-up, as one
-# script: one round trip instead of five (WATCH, EXISTS, MULTI...EXEC, HSET, XADD), two commands
-# fewer, and the driver record can no longer be missing for a queued job. The job key and queue
-# entry are exactly what arq writes (tests/test_arq_internals.py fails if arq's enqueue changes).
-# KEYS: job key, result key, queue, drivers hash, wake stream
-# ARGV: job id, serialized job, expiry (ms), score (ms), driver slot, driver record, wake ('1'/'0'), wake maxlen
-# Returns 1 if enqueued, 0 if a job or result with this id exists (nothing written).
-_ENQUEUE = """
-if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then return 0 end
-redis.call('PSETEX', KEYS[1], ARGV[3], ARGV[2])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[4], ARGV[5], ARGV[6]) end
-if ARGV[7] == '1' then redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[8], '*', 'job', ARGV[1]) end
-return 1
-"""
+_ENQUEUE = lua("jobs_enqueue")
 
 # Roles whose wake-up is owed by the current `Jobs.batch()` (None outside one).
 _BATCH: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("taskloom_wake_batch", default=None)
@@ -297,7 +285,7 @@ class Jobs:
                 job_id = str(record["job_id"])
             except (ValueError, KeyError, TypeError):
                 payload, job_id = None, ""  # a damaged record drives nothing
-            rows.append((slot.decode() if isinstance(slot, bytes) else str(slot), job_id, payload))
+            rows.append((as_str(slot), job_id, payload))
         async with self.redis.pipeline(transaction=False) as pipe:
             for _, job_id, _ in rows:
                 pipe.exists(job_key_prefix + job_id, in_progress_key_prefix + job_id)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -52,6 +52,8 @@ from .durability import script_confirmed
 from .events import CorruptRecord, first_error
 from .keys import Keys
 from .prices import PriceTable
+from .replies import as_str, str_pairs
+from .scripts import lua
 from .store import NotFound
 
 # Pool names end up inside Redis keys and inside newline-separated records.
@@ -271,363 +273,15 @@ class LedgerSnapshot(BaseModel):
         )
 
 
-# -- Lua ------------------------------------------------------------------------------------------
+# -- Lua (bus/lua/*.lua; each file's header says its KEYS, ARGV and reply) ------------------------
 
-# Shared by every script. A reservation's expiry entry is `id \n goal key \n amount \n forfeit cost \n
-# model \n tenant pool key \n pool key...` (model and tenant pool are '-' when there is none).
-# `close` takes one open reservation off the books (the goal's, the tenant period pool's, each pool's):
-#   'settle'  spent += the reported usage (by kind), cost += the priced usage;
-#   'release' nothing spent;
-#   'forfeit' / 'expire' / 'unknown'  spent_unknown += the full amount, cost += the worst-case cost
-#   ('unknown': the call succeeded but its reply carried no usage; counted as `usage_unknown`).
-# Every book also gives back the worst-case cost it held (`reserved_micro`). The tenant period pool
-# also keeps the spend per model (`m:<model>:<kind>`), for `taskloom ledger --tenant`.
-# It returns false when the id is not open: closing is idempotent.
-_LIB = """
-local function lines(s)
-  local out = {}
-  for part in string.gmatch(s, '[^\\n]+') do out[#out + 1] = part end
-  return out
-end
-
-local function now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-
-local SETTLED = {'spent_input', 'spent_output', 'spent_cache_read', 'spent_cache_write', 'cost_micro_usd',
-                 'unpriced'}
-local KINDS = {'input', 'output', 'cache_read', 'cache_write', 'cost'}
-
--- Add `delta[i]` to the integer field `fields[i]` of hash `key`, for every i, in two commands (one
--- HMGET, one HSET) whatever the number of fields: a script's cost is mostly its redis.call count,
--- and one HINCRBY per field made a settle cost ~25 commands. Exact like HINCRBY for integers up to
--- 2^53 (token counts and micro-USD stay far below), and like HINCRBY it refuses a field that holds
--- no integer.
-local function int_of(v, key, field)
-  if not v then return 0 end
-  local n = tonumber(v)
-  if not n or n ~= math.floor(n) then error('hash value is not an integer: ' .. key .. ' ' .. field) end
-  return n
-end
-
--- `extra`: more field/value pairs to write in the same HSET.
-local function add_all(key, fields, delta, extra)
-  if #fields == 0 then return end
-  local cur = redis.call('HMGET', key, unpack(fields))
-  local args = {}
-  for i, field in ipairs(fields) do
-    args[#args + 1] = field
-    args[#args + 1] = string.format('%d', int_of(cur[i], key, field) + delta[i])
-  end
-  for _, v in ipairs(extra or {}) do args[#args + 1] = v end
-  redis.call('HSET', key, unpack(args))
-end
-
-local function book(key, amount, fcost, mode, u, model, extra)
-  local fields, delta = {}, {}
-  -- `always`: written even when the change is 0 (as HINCRBY by 0 would create the field).
-  local function add(field, d, always)
-    if always or d ~= 0 then
-      fields[#fields + 1] = field
-      delta[#delta + 1] = d
-    end
-  end
-  add('reserved', -amount, true)
-  add('open', -1, true)
-  add('reserved_micro', -fcost)
-  if mode == 'release' then
-    add('releases', 1, true)
-  else
-    add('calls', 1, true)
-    if mode == 'settle' then
-      -- Zero usage of a kind is not written (a field per kind only once it is used).
-      local total = u[1] + u[2] + u[3] + u[4]
-      for i, field in ipairs(SETTLED) do add(field, u[i]) end
-      add('spent', total, true)
-      if total > amount then add('overrun', total - amount, true) end
-      if model then
-        for i, kind in ipairs(KINDS) do add('m:' .. model .. ':' .. kind, u[i]) end
-      end
-    else
-      add('spent_unknown', amount, true)
-      add('spent', amount, true)
-      add('cost_micro_usd', fcost, true)
-      add(mode == 'expire' and 'expired' or mode == 'unknown' and 'usage_unknown' or 'forfeits', 1, true)
-      if model then
-        add('m:' .. model .. ':unknown', amount, true)
-        add('m:' .. model .. ':cost', fcost, true)
-      end
-    end
-  end
-  add_all(key, fields, delta, extra)
-end
-
--- `member` is the reservation's entry in the expiry set: its id, then its record (kept in the
--- member itself, so opening and closing a reservation each touch one key less). A member that is a
--- bare id was written by a worker of an earlier version, which kept the record in the open hash.
--- `goal_extra`: field/value pairs written to the goal's books with the same HSET.
-local function close(open_key, expiry_key, member, mode, u, goal_extra, watch)
-  if redis.call('ZREM', expiry_key, member) == 0 then return false end
-  local f = lines(member)
-  if #f == 1 then
-    local rec = redis.call('HGET', open_key, member)
-    if not rec then return false end
-    redis.call('HDEL', open_key, member)
-    f = lines(member .. '\\n' .. rec)
-  end
-  local amount, fcost = tonumber(f[3]), tonumber(f[4])
-  -- `watch` {field, value}: whether the goal's books held another value in that field before.
-  local changed = watch and redis.call('HGET', f[2], watch[1]) ~= watch[2]
-  book(f[2], amount, fcost, mode, u, nil, goal_extra)
-  if f[6] ~= '-' then book(f[6], amount, fcost, mode, u, f[5]) end
-  for i = 7, #f do book(f[i], amount, fcost, mode, u, nil) end
-  if changed then return 2 end
-  return 1
-end
-
-local function sweep(open_key, expiry_key, t, limit)
-  local members = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', string.format('%.6f', t), 'LIMIT', 0, limit)
-  for _, member in ipairs(members) do close(open_key, expiry_key, member, 'expire', nil) end
-  return #members
-end
-
--- UTC calendar date of epoch seconds `t` (H. Hinnant's civil_from_days; bus.tenants.period_label
--- is the same rule in Python).
-local function civil(t)
-  local z = math.floor(t / 86400) + 719468
-  local era = math.floor(z / 146097)
-  local doe = z - era * 146097
-  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
-  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-  local mp = math.floor((5 * doy + 2) / 153)
-  local d = doy - math.floor((153 * mp + 2) / 5) + 1
-  local m = mp < 10 and mp + 3 or mp - 9
-  local y = yoe + era * 400
-  if m <= 2 then y = y + 1 end
-  return y, m, d
-end
-
-local function period_label(period, t)
-  if period == 'day' then return string.format('%04d-%02d-%02d', civil(t)) end
-  if period == 'month' then
-    local y, m = civil(t)
-    return string.format('%04d-%02d', y, m)
-  end
-  return 'all'
-end
-"""
-
-# KEYS: goal books. ARGV: token budget, pool key prefix, dollar budget (micro-USD, 0 = none),
-#       tenant ('' = none), then pool name/budget pairs.
-# Creates the goal's books (and each pool's on first use) unless they exist. Returns 1 if created.
-_OPEN = """
-if redis.call('HSETNX', KEYS[1], 'budget', ARGV[1]) == 0 then return 0 end
-local names = {}
-for i = 5, #ARGV, 2 do
-  redis.call('HSETNX', ARGV[2] .. ARGV[i], 'budget', ARGV[i + 1])
-  names[#names + 1] = ARGV[i]
-end
-redis.call('HSET', KEYS[1], 'pools', table.concat(names, '\\n'), 'reserved', 0, 'spent', 0)
-if ARGV[3] ~= '0' then redis.call('HSET', KEYS[1], 'budget_micro', ARGV[3]) end
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'tenant', ARGV[4]) end
-return 1
-"""
-
-# KEYS: goal books, open hash, expiry zset.
-# ARGV: reservation id, input estimate, max_tokens, min output, ttl, input and output price
-#       (micro-USD per million tokens, the dearest input rate), pool key prefix, sweep batch,
-#       model ('-' = none), priced (1/0), tenant key prefix.
-# Returns {'ok', max_tokens, amount, expires_at, pools, worst cost, tenant pool name, spent permille,
-#         expiry entry}
-#       | {'missing'} | {'refused', pool name or '', unit, budget, spent, reserved, requested}
-_RESERVE = (
-    _LIB
-    + """
-local t = now()
-local inp, maxt, minr = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local pin, pout, priced = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[11] == '1'
-local function num(v) return tonumber(v or 0) or 0 end
-local function limit(v) local x = num(v); if x > 0 then return x end return nil end
-
--- Most output tokens with ceil((inp * pin + out * pout) / 1e6) <= h (micro-USD of headroom), or
--- -1 when not even the input fits. Exact in doubles: past the first test, h * 1e6 is below the
--- call's worst case, a number of at most ~1e14.
-local function usd_out(h)
-  if h * 1000000 >= inp * pin + maxt * pout then return maxt end
-  local rest = h * 1000000 - inp * pin
-  if rest < 0 then return -1 end
-  if pout == 0 then return maxt end
-  local o = math.floor(rest / pout)
-  while o > 0 and inp * pin + o * pout > h * 1000000 do o = o - 1 end
-  return o
-end
-
--- Reads the books this call draws from and decides how many output tokens it gets: returns the
--- goal's fields, the books, the tenant pool (key, name, new), the output tokens and the limiter
--- (books, unit), and the highest spent fraction; nil when the goal has no books.
-local function decide()
-  local g = redis.call('HMGET', KEYS[1], 'budget', 'spent', 'reserved', 'pools', 'tenant', 'budget_micro',
-                       'cost_micro_usd', 'reserved_micro', 'open')
-  if not g[1] then return nil end
-
-  -- Every set of books this call draws from: tb/ub are the token and micro-USD budgets (nil = no
-  -- limit of that unit), ts/us spent, tr/ur reserved.
-  -- `raw` keeps the fields as read (reserved, open, reserved_micro), to write the new values back.
-  local books = {}
-  local function add(key, name, tb, ts, tr, ub, us, ur, raw)
-    books[#books + 1] = {key = key, name = name, tb = tb, ts = ts, tr = tr, ub = ub, us = us, ur = ur, raw = raw}
-  end
-  add(KEYS[1], '', num(g[1]), num(g[2]), num(g[3]), limit(g[6]), num(g[7]), num(g[8]), {g[3], g[9], g[8]})
-  for name in string.gmatch(g[4] or '', '[^\\n]+') do
-    local key = ARGV[8] .. name
-    local p = redis.call('HMGET', key, 'budget', 'spent', 'reserved', 'budget_micro', 'cost_micro_usd',
-                         'reserved_micro', 'open')
-    -- A missing pool has token budget 0: it refuses.
-    add(key, name, num(p[1]), num(p[2]), num(p[3]), limit(p[4]), num(p[5]), num(p[6]), {p[3], p[7], p[6]})
-  end
-  -- The tenant's pool of the current period (UTC calendar); its limits are the tenant's settings
-  -- as they are now, so lowering them takes effect at the next reservation.
-  local tkey, tname, tnew = '-', '', false
-  if g[5] then
-    local c = redis.call('HMGET', ARGV[12] .. g[5], 'period', 'budget_tokens', 'budget_micro')
-    tname = 'tenant:' .. g[5] .. ':' .. period_label(c[1], t)
-    tkey = ARGV[8] .. tname
-    local p = redis.call('HMGET', tkey, 'spent', 'reserved', 'cost_micro_usd', 'reserved_micro', 'budget', 'open')
-    tnew = not p[5]
-    add(tkey, tname, limit(c[2]), num(p[1]), num(p[2]), limit(c[3]), num(p[3]), num(p[4]), {p[2], p[6], p[4]})
-  end
-
-  -- The limiter is the books that leave the fewest output tokens; the goal wins ties, so a refusal
-  -- names a pool only when the pool is tighter. clamp_output() in Python is the token rule.
-  local out, lim, unit, frac = maxt, books[1], 'tokens', 0
-  for _, b in ipairs(books) do
-    if b.tb then
-      if b.tb > 0 then frac = math.max(frac, b.ts / b.tb) end
-      local o = math.min(maxt, b.tb - b.ts - b.tr - inp)
-      if o < out then out, lim, unit = o, b, 'tokens' end
-    end
-    if b.ub then
-      frac = math.max(frac, b.us / b.ub)
-      local o = priced and usd_out(b.ub - b.us - b.ur) or -1
-      if o < out then out, lim, unit = o, b, priced and 'usd' or 'unpriced' end
-    end
-  end
-  return g, books, tkey, tname, tnew, out, lim, unit, frac
-end
-
-local g, books, tkey, tname, tnew, out, lim, unit, frac = decide()
-if not g then return {'missing'} end
--- Expired reservations (their holders died) are forfeited only when they could matter: when this
--- call cannot have its full max_tokens. Then they are swept, and the call decided again. A call
--- with room to spare costs no sweep; `Ledger.sweep`, every snapshot and the supervisor's rounds
--- sweep too.
-if out < maxt and sweep(KEYS[2], KEYS[3], t, tonumber(ARGV[9])) > 0 then
-  g, books, tkey, tname, tnew, out, lim, unit, frac = decide()
-end
-local floor = math.max(1, math.min(maxt, minr))
-if out < floor then
-  redis.call('HINCRBY', KEYS[1], 'refusals', 1)
-  if lim.name ~= '' then redis.call('HINCRBY', lim.key, 'refusals', 1) end
-  if unit == 'tokens' then
-    return {'refused', lim.name, unit, tostring(lim.tb), tostring(lim.ts), tostring(lim.tr), tostring(inp + floor)}
-  end
-  return {'refused', lim.name, unit, tostring(lim.ub), tostring(lim.us), tostring(lim.ur),
-          tostring(math.ceil((inp * pin + floor * pout) / 1000000))}
-end
-
-local amount = inp + out
-local fcost = math.ceil((inp * pin + out * pout) / 1000000)
--- One HSET per book from the values read above (HINCRBY per field cost a command each). A book
--- listed twice (a goal naming its tenant's pool as a pool too) is read afresh the second time.
-local written = {}
-for _, b in ipairs(books) do
-  local fields, delta = {'reserved', 'open'}, {amount, 1}
-  if fcost ~= 0 then fields[3], delta[3] = 'reserved_micro', fcost end
-  if written[b.key] then
-    add_all(b.key, fields, delta)
-  else
-    written[b.key] = true
-    local args = {}
-    for i, field in ipairs(fields) do
-      args[#args + 1] = field
-      args[#args + 1] = string.format('%d', int_of(b.raw[i], b.key, field) + delta[i])
-    end
-    if b.key == tkey and tnew then
-      -- A new period's books: `budget` 0 marks them as existing (the limits live in the tenant's settings).
-      args[#args + 1] = 'budget'
-      args[#args + 1] = '0'
-      args[#args + 1] = 'period_started'
-      args[#args + 1] = string.format('%.3f', t)
-    end
-    redis.call('HSET', b.key, unpack(args))
-  end
-end
-if tnew then
-  redis.call('ZADD', ARGV[12] .. g[5] .. ':periods', string.format('%.6f', t), tname)
-end
-local rec = {ARGV[1], KEYS[1], tostring(amount), tostring(fcost), ARGV[10], tkey}
-for _, b in ipairs(books) do
-  if b.key ~= KEYS[1] and b.key ~= tkey then rec[#rec + 1] = b.key end
-end
-local expires = t + tonumber(ARGV[5])
-local member = table.concat(rec, '\\n')
-redis.call('ZADD', KEYS[3], string.format('%.6f', expires), member)
-return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or '', tostring(fcost), tname,
-        tostring(math.floor(frac * 1000)), member}
-"""
-)
-
-# KEYS: open hash, expiry zset.
-# ARGV: reservation's expiry entry (`Reservation.entry`, or its id), mode ('settle' | 'release' | 'forfeit'
-#       | 'unknown'), end the goal's provider trouble ('1'/'0': its clock `trouble_since` is set to 0 in
-#       the same write as the goal's books, so a successful call ends it without a command of its own),
-#       a field and value to write to the goal's books in that same write ('' '' for none: the model
-#       that served a role, `served:<role>`), then for 'settle': input, output, cache read, cache
-#       write tokens, cost, unpriced (0/1).
-# Returns 1 if the reservation was open (and is now closed), 2 if so and the served model of the role
-# changed (the first call of the role, or a failover), 0 if it was already closed.
-_CLOSE = (
-    _LIB
-    + """
-local u = {}
-for i = 6, #ARGV do u[#u + 1] = tonumber(ARGV[i]) end
-local extra, watch = {}, nil
-if ARGV[3] == '1' then extra = {'trouble_since', '0'} end
-if ARGV[4] ~= '' then
-  extra[#extra + 1] = ARGV[4]; extra[#extra + 1] = ARGV[5]
-  watch = {ARGV[4], ARGV[5]}
-end
-local closed = close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u, extra, watch)
-if closed then return closed end
-return 0
-"""
-)
-
-# KEYS: open hash, expiry zset, [books to read]. ARGV: sweep batch.
-# Forfeits expired reservations, then returns {number swept, field, value, ...} of KEYS[3].
-_SWEEP = (
-    _LIB
-    + """
-local out = {sweep(KEYS[1], KEYS[2], now(), tonumber(ARGV[1]))}
-if KEYS[3] then
-  for _, v in ipairs(redis.call('HGETALL', KEYS[3])) do out[#out + 1] = v end
-end
-return out
-"""
-)
+_OPEN = lua("ledger_open")
+_RESERVE = lua("ledger_lib", "ledger_reserve")
+_CLOSE = lua("ledger_lib", "ledger_close")
+_SWEEP = lua("ledger_lib", "ledger_sweep")
 
 
 # -- the ledger -----------------------------------------------------------------------------------
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _pairs(flat: Sequence[Any]) -> dict[str, str]:
-    it: Iterator[Any] = iter(flat)
-    return {_s(k): _s(v) for k, v in zip(it, it, strict=True)}
 
 
 class Ledger:
@@ -724,26 +378,26 @@ class Ledger:
                 self.keys.tenant(""),
             ],
         )
-        status = _s(out[0])
+        status = as_str(out[0])
         if status == "missing":
             raise LedgerNotFound(goal_id)
         if status == "refused":
-            pool, unit = _s(out[1]), _s(out[2])
-            budget, spent, reserved, requested = (int(float(_s(v))) for v in out[3:7])
+            pool, unit = as_str(out[1]), as_str(out[2])
+            budget, spent, reserved, requested = (int(float(as_str(v))) for v in out[3:7])
             raise BudgetExhausted(goal_id, budget, spent, reserved, requested, pool or None, unit)
         return Reservation(
             id=rid,
             goal_id=goal_id,
             input_tokens=estimated_input,
-            max_tokens=int(_s(out[1])),
-            amount=int(_s(out[2])),
-            expires_at=float(_s(out[3])),
-            pools=tuple(p for p in _s(out[4]).split("\n") if p),
+            max_tokens=int(as_str(out[1])),
+            amount=int(as_str(out[2])),
+            expires_at=float(as_str(out[3])),
+            pools=tuple(p for p in as_str(out[4]).split("\n") if p),
             model=model,
-            cost_micro=int(_s(out[5])),
-            tenant_pool=_s(out[6]) or None,
-            spent_fraction=int(_s(out[7])) / 1000,
-            entry=_s(out[8]),
+            cost_micro=int(as_str(out[5])),
+            tenant_pool=as_str(out[6]) or None,
+            spent_fraction=int(as_str(out[7])) / 1000,
+            entry=as_str(out[8]),
         )
 
     async def settle(
@@ -835,4 +489,4 @@ class Ledger:
 
     async def _read(self, key: str) -> dict[str, str]:
         out = await self._sweep(keys=[self._open_key, self._expiry_key, key], args=[SWEEP_BATCH])
-        return _pairs(out[1:])
+        return str_pairs(out[1:])

@@ -43,6 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from redis.asyncio import Redis
 
 from .keys import Keys
+from .replies import as_str
+from .scripts import lua
 
 PENALTY_SECONDS = 60.0
 PENALTY_FACTOR = 0.5
@@ -107,139 +109,11 @@ class Grant:
     output_tokens: int
     waited: float  # seconds spent waiting for the turn
 
-
-# Shared: refill the three buckets to now. Levels are floats in the hash; `cap` is the minute's
-# allowance scaled by the penalty factor while a penalty lasts.
-_LIB = """
-local function now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-
-local function refill(key, t, caps)
-  local h = redis.call('HMGET', key, 'req', 'in', 'out', 'ts', 'penalty_until', 'factor')
-  local factor = 1
-  if tonumber(h[5] or 0) > t then factor = tonumber(h[6] or 1) end
-  local last = tonumber(h[4] or t)
-  local levels = {}
-  for i = 1, 3 do
-    local cap = caps[i] * factor
-    local level = tonumber(h[i] or cap)
-    levels[i] = math.min(cap, level + math.max(0, t - last) * cap / 60)
-  end
-  return levels, factor
-end
-
-local function store(key, t, levels)
-  redis.call('HSET', key, 'req', levels[1], 'in', levels[2], 'out', levels[3], 'ts', string.format('%.6f', t))
-end
-"""
-
-# KEYS: bucket hash, queue zset, goal books (its `tenant` field names the tenant when ARGV[2] is '').
-# ARGV: waiter id, tenant, input, output, rpm, itpm, otpm, stale after.
-# Returns {'ok', waited_since} | {'wait', seconds}
-_ACQUIRE = (
-    _LIB
-    + """
-local t = now()
-local caps = {tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])}
-local alive = KEYS[2] .. ':alive'
-local id, tenant = ARGV[1], ARGV[2]
-if tenant == '' then tenant = redis.call('HGET', KEYS[3], 'tenant') or 'default' end
-if not redis.call('ZSCORE', KEYS[2], id) then
-  local vt = tonumber(redis.call('HGET', KEYS[1], 'vt') or 0)
-  local last = tonumber(redis.call('HGET', KEYS[1], 'last:' .. tenant) or 0)
-  local score = math.max(vt, last) + 1
-  redis.call('ZADD', KEYS[2], score, id)
-  redis.call('HSET', KEYS[1], 'last:' .. tenant, score, 'since:' .. id, string.format('%.6f', t))
-end
-redis.call('ZADD', alive, string.format('%.6f', t), id)
--- Drop waiters that stopped polling (their worker died), so they cannot block the queue.
-local stale = redis.call('ZRANGEBYSCORE', alive, '-inf', string.format('%.6f', t - tonumber(ARGV[8])))
-for _, s in ipairs(stale) do
-  redis.call('ZREM', KEYS[2], s)
-  redis.call('ZREM', alive, s)
-  redis.call('HDEL', KEYS[1], 'since:' .. s)
-end
-local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-if head ~= id then return {'wait', 'queue'} end
-local blocked = tonumber(redis.call('HGET', KEYS[1], 'blocked_until') or 0)
-if blocked > t then return {'wait', string.format('%.6f', blocked - t)} end
-local levels, factor = refill(KEYS[1], t, caps)
-local need = {1, tonumber(ARGV[3]), tonumber(ARGV[4])}
-local wait = 0
-for i = 1, 3 do
-  if caps[i] > 0 then
-    local cap = caps[i] * factor
-    -- A call larger than a whole bucket waits for a full bucket (it could never pass otherwise).
-    local n = math.min(need[i], cap)
-    if levels[i] < n then wait = math.max(wait, (n - levels[i]) * 60 / cap) end
-  end
-end
-store(KEYS[1], t, levels)
-if wait > 0 then return {'wait', string.format('%.6f', wait)} end
-for i = 1, 3 do
-  if caps[i] > 0 then levels[i] = levels[i] - need[i] end
-end
-store(KEYS[1], t, levels)
-local score = redis.call('ZSCORE', KEYS[2], id)
-redis.call('ZREM', KEYS[2], id)
-redis.call('ZREM', alive, id)
-redis.call('HSET', KEYS[1], 'vt', score)
-local since = redis.call('HGET', KEYS[1], 'since:' .. id) or string.format('%.6f', t)
-redis.call('HDEL', KEYS[1], 'since:' .. id)
-return {'ok', string.format('%.6f', t - tonumber(since))}
-"""
-)
-
-# KEYS: bucket hash. ARGV: rpm, itpm, otpm, input back, output back. Gives back unused tokens.
-_SETTLE = (
-    _LIB
-    + """
-local t = now()
-local caps = {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])}
-local levels, factor = refill(KEYS[1], t, caps)
-levels[2] = math.min(caps[2] * factor, levels[2] + tonumber(ARGV[4]))
-levels[3] = math.min(caps[3] * factor, levels[3] + tonumber(ARGV[5]))
-store(KEYS[1], t, levels)
-return 1
-"""
-)
-
-# KEYS: bucket hash. ARGV: rpm, itpm, otpm, retry after (s), penalty seconds, penalty factor.
-_THROTTLED = (
-    _LIB
-    + """
-local t = now()
-local caps = {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])}
-local blocked = math.max(tonumber(redis.call('HGET', KEYS[1], 'blocked_until') or 0), t + tonumber(ARGV[4]))
-redis.call('HSET', KEYS[1], 'blocked_until', string.format('%.6f', blocked),
-           'penalty_until', string.format('%.6f', t + tonumber(ARGV[5])), 'factor', ARGV[6])
-redis.call('HINCRBY', KEYS[1], 'throttled', 1)
-store(KEYS[1], t, {0, 0, 0})
-return 1
-"""
-)
-
-# KEYS: bucket hash. ARGV: rpm, itpm, otpm, then remaining requests, input, output (-1 = unknown).
-_REMAINING = (
-    _LIB
-    + """
-local t = now()
-local caps = {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])}
-local levels = refill(KEYS[1], t, caps)
-for i = 1, 3 do
-  local r = tonumber(ARGV[3 + i])
-  if r >= 0 and caps[i] > 0 and r < levels[i] then levels[i] = r end
-end
-store(KEYS[1], t, levels)
-return 1
-"""
-)
-
-
-def _s(v: object) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+# The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
+_ACQUIRE = lua("ratelimit_lib", "ratelimit_acquire")
+_SETTLE = lua("ratelimit_lib", "ratelimit_settle")
+_THROTTLED = lua("ratelimit_lib", "ratelimit_throttled")
+_REMAINING = lua("ratelimit_lib", "ratelimit_remaining")
 
 
 class RateLimiter:
@@ -274,9 +148,9 @@ class RateLimiter:
         try:
             while True:
                 out = await self._acquire(keys=keys, args=args)
-                if _s(out[0]) == "ok":
+                if as_str(out[0]) == "ok":
                     return Grant(name, input_tokens, output_tokens, time.monotonic() - started)
-                hint = _s(out[1])
+                hint = as_str(out[1])
                 delay = POLL_MIN * 5 if hint == "queue" else float(hint)
                 # Jittered, so the waiters of many workers do not poll in lockstep.
                 await asyncio.sleep(min(POLL_MAX, max(POLL_MIN, delay)) * random.uniform(0.8, 1.2))
@@ -333,5 +207,5 @@ class RateLimiter:
         if found is None:
             return {}
         raw = await self.redis.hgetall(self.keys.ratelimit(found[0]))  # type: ignore[misc]
-        return {_s(k): _s(v) for k, v in raw.items()}
+        return {as_str(k): as_str(v) for k, v in raw.items()}
 

@@ -17,19 +17,15 @@ job and result keys (they expire on their own).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from .keys import Keys
+from .replies import as_str
 from .schemas import GOAL_TERMINAL, GoalState
 
 BATCH = 200  # goals read per round trip while looking for ended ones
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def expired(state: str | None, updated_at: str | None, cutoff: float) -> bool:
@@ -47,7 +43,7 @@ def expired(state: str | None, updated_at: str | None, cutoff: float) -> bool:
 async def goal_keys(redis: Redis, keys: Keys, goal_id: str) -> list[str]:
     """Every key the goal may have (some may not exist)."""
     plan_version = await redis.hget(keys.goal(goal_id), "plan_version")  # type: ignore[misc]
-    task_ids = sorted(_s(t) for t in await redis.smembers(keys.task_ids(goal_id)))  # type: ignore[misc]
+    task_ids = sorted(as_str(t) for t in await redis.smembers(keys.task_ids(goal_id)))  # type: ignore[misc]
     async with redis.pipeline(transaction=False) as pipe:
         for tid in task_ids:
             pipe.hget(keys.task(goal_id, tid), "attempt")
@@ -64,10 +60,10 @@ async def goal_keys(redis: Redis, keys: Keys, goal_id: str) -> list[str]:
         keys.approvals(goal_id),
         keys.approval_requests(goal_id),
     ]
-    out += [keys.plan(goal_id, v) for v in range(1, int(_s(plan_version or 0)) + 1)]
+    out += [keys.plan(goal_id, v) for v in range(1, int(as_str(plan_version or 0)) + 1)]
     for tid, attempt in zip(task_ids, attempts, strict=True):
         out += [keys.task(goal_id, tid), keys.side_effects(goal_id, tid)]
-        for n in range(1, int(_s(attempt or 0)) + 1):
+        for n in range(1, int(as_str(attempt or 0)) + 1):
             out += [keys.attempt_lease(goal_id, tid, n), keys.attempt_steps(goal_id, tid, n)]
             out.append(keys.attempt_pending(goal_id, tid, n))
     return out
@@ -79,7 +75,8 @@ async def purge_goal(redis: Redis, keys: Keys, goal_id: str, cutoff: float) -> b
         try:
             await pipe.watch(keys.goal(goal_id))
             state, updated = await pipe.hmget(keys.goal(goal_id), ["state", "updated_at"])  # type: ignore[misc]
-            if not expired(None if state is None else _s(state), None if updated is None else _s(updated), cutoff):
+            state_s = None if state is None else as_str(state)
+            if not expired(state_s, None if updated is None else as_str(updated), cutoff):
                 return False
             doomed = await goal_keys(redis, keys, goal_id)
             pipe.multi()  # type: ignore[no-untyped-call]
@@ -102,7 +99,7 @@ async def purge_ended(redis: Redis, keys: Keys, retention: float, now: float) ->
             return purged
         done = 0
         for raw in ids:
-            if await purge_goal(redis, keys, _s(raw), cutoff):
+            if await purge_goal(redis, keys, as_str(raw), cutoff):
                 done += 1
         purged += done
         offset += len(ids) - done  # the purged ones left the index

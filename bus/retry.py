@@ -31,6 +31,7 @@ from llm.errors import ModelError
 
 from .durability import NotReplicated
 from .keys import Keys
+from .scripts import lua
 
 
 @dataclass(frozen=True)
@@ -138,14 +139,8 @@ def on_other_error(exc: BaseException, tries: int, policy: RetryPolicy, rng: ran
         return RetryLater(backoff(tries, policy, rng))
     return GiveUp(f"internal error after {tries} tries: {type(exc).__name__}: {exc}"[:2000])
 
-
-# KEYS: the goal's ledger books. ARGV: now (ms). Returns when the current trouble began (ms).
-_FAILED = """
-local since = redis.call('HGET', KEYS[1], 'trouble_since')
-if since and since ~= '0' then return tonumber(since) end
-redis.call('HSET', KEYS[1], 'trouble_since', ARGV[1])
-return tonumber(ARGV[1])
-"""
+# The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
+_FAILED = lua("retry_failed")
 
 
 class TroubleClock:

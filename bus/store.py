@@ -32,6 +32,7 @@ from llm.types import ModelResponse
 from . import events as ev
 from .batch import ScriptCall, run_scripts
 from .keys import Keys
+from .replies import as_str
 from .schemas import (
     GOAL_RESUMABLE,
     GOAL_TERMINAL,
@@ -52,6 +53,7 @@ from .schemas import (
     task_sources,
     utcnow,
 )
+from .scripts import module_scripts
 
 
 class StoreError(Exception):
@@ -110,191 +112,14 @@ class AlreadyExists(StoreError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.what, self.ident))
 
-
-# KEYS: entity hash, goal stream, global stream, a sorted set to leave on any move, active-goal index
-# ARGV: target, allowed sources (comma-separated), expected attempt ('' = any), event JSON ('' = none),
-#       maxlen, member to remove from KEYS[4] ('' = none), goal id, progress score ('remove' = the goal
-#       ended: leave the active index), then field/value pairs to set.
-# Returns {'ok', previous} | {'same', state} | {'missing'} | {'illegal', current} | {'stale', attempt}
-_TRANSITION = """
--- One read and one write of the record (a script's cost is mostly its redis.call count).
-local h = redis.call('HMGET', KEYS[1], 'state', 'attempt')
-local cur = h[1]
-if not cur then return {'missing'} end
-if ARGV[3] ~= '' then
-  local att = h[2] or '0'
-  if att ~= ARGV[3] then return {'stale', att} end
-end
-if cur == ARGV[1] then return {'same', cur} end
-local allowed = false
-for s in string.gmatch(ARGV[2], '[^,]+') do
-  if s == cur then allowed = true end
-end
-if not allowed then return {'illegal', cur} end
-local fields = {'state', ARGV[1]}
-for i = 9, #ARGV do fields[#fields + 1] = ARGV[i] end
-redis.call('HSET', KEYS[1], unpack(fields))
-if ARGV[6] ~= '' then redis.call('ZREM', KEYS[4], ARGV[6]) end
-if ARGV[8] == 'remove' then
-  redis.call('ZREM', KEYS[5], ARGV[7])
-else
-  redis.call('ZADD', KEYS[5], 'XX', ARGV[8], ARGV[7])
-end
--- ARGV[4]: the events of this move, one compact JSON per line (what caused it first, then the state event).
-for e in string.gmatch(ARGV[4], '[^\\n]+') do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'e', e)
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', tonumber(ARGV[5]) * 10, '*', 'e', e)
-end
-return {'ok', cur}
-"""
-
-# KEYS: goal hash, goal index, submitted index, goal stream, global stream, active-goal index
-# ARGV: goal id, record JSON, state, created score, updated_at, event JSON, maxlen
-_CREATE_GOAL = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'state', ARGV[3], 'record', ARGV[2], 'plan_version', '0', 'replans', '0',
-           'updated_at', ARGV[5])
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
-redis.call('ZADD', KEYS[6], ARGV[4], ARGV[1])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[6])
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', tonumber(ARGV[7]) * 10, '*', 'e', ARGV[6])
-return 1
-"""
-
-# KEYS: goal hash, plan key, task-id set, goal stream, global stream
-# ARGV: expected current version, plan JSON, updated_at, event JSON, maxlen, task-key prefix,
-#       terminal goal states (comma-separated), then task ids. New task ids get a pending task
-#       hash; existing ones are left to the caller.
-# Returns {'ok', version} | {'stale', current} | {'missing'} | {'ended', state}
-_SAVE_PLAN = """
-local cur = redis.call('HGET', KEYS[1], 'plan_version')
-if not cur then return {'missing'} end
--- An ended goal takes no new plan (a cancel may land between the planner's read and this write).
-local st = redis.call('HGET', KEYS[1], 'state')
-for s in string.gmatch(ARGV[7], '[^,]+') do
-  if s == st then return {'ended', st} end
-end
-if cur ~= ARGV[1] then return {'stale', cur} end
-local v = tonumber(cur) + 1
-redis.call('SET', KEYS[2], ARGV[2])
-redis.call('HSET', KEYS[1], 'plan_version', tostring(v), 'updated_at', ARGV[3])
-for i = 8, #ARGV do
-  local tkey = ARGV[6] .. ARGV[i]
-  if redis.call('EXISTS', tkey) == 0 then
-    redis.call('HSET', tkey, 'state', 'pending', 'attempt', '0', 'plan_version', tostring(v),
-               'updated_at', ARGV[3])
-    redis.call('SADD', KEYS[3], ARGV[i])
-  end
-end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[4])
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', tonumber(ARGV[5]) * 10, '*', 'e', ARGV[4])
-return {'ok', tostring(v)}
-"""
-
-# Cancel a goal and every task of it that has not ended, in one step.
-# KEYS: goal hash, task-id set, goal stream, global stream, submitted index, active-goal index
-# ARGV: goal sources (comma-separated), task terminal states (comma-separated), reason, updated_at,
-#       event JSON, maxlen, task-key prefix, goal id
-# The task keys are derived in the script from the id set: taskloom targets a single Redis (or
-# Sentinel), never Cluster, which arq does not support either.
-_CANCEL = """
-local cur = redis.call('HGET', KEYS[1], 'state')
-if not cur then return {'missing'} end
-if cur == 'cancelled' then return {'same', cur} end
-local allowed = false
-for s in string.gmatch(ARGV[1], '[^,]+') do if s == cur then allowed = true end end
-if not allowed then return {'illegal', cur} end
-redis.call('HSET', KEYS[1], 'state', 'cancelled', 'reason', ARGV[3], 'updated_at', ARGV[4])
-redis.call('ZREM', KEYS[5], ARGV[8])
-redis.call('ZREM', KEYS[6], ARGV[8])
-local terminal = {}
-for s in string.gmatch(ARGV[2], '[^,]+') do terminal[s] = true end
-local n = 0
-for _, tid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  local tkey = ARGV[7] .. tid
-  local ts = redis.call('HGET', tkey, 'state')
-  if ts and not terminal[ts] then
-    redis.call('HSET', tkey, 'state', 'cancelled', 'reason', ARGV[3], 'updated_at', ARGV[4])
-    n = n + 1
-  end
-end
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'e', ARGV[5])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', tonumber(ARGV[6]) * 10, '*', 'e', ARGV[5])
-return {'ok', cur, tostring(n)}
-"""
-
-
-# Resume a failed or budget_exhausted goal (the only ways out of those states; the state machine's
-# table keeps them final for every other writer). Accepted (`done`) tasks stay; every other task of
-# the goal that had not ended for good goes back to `pending`, to be dispatched as a new attempt.
-# KEYS: goal hash, task-id set, goal stream, global stream, active index, provider-trouble key (of
-#       an earlier version; the clock is now the ledger's `trouble_since`, ended here too), goal
-#       ledger, then arq result keys of the goal-level jobs to forget (their outcome is void).
-# ARGV: updated_at, event JSON (its state is patched in), maxlen, task-key prefix, goal id, now,
-#       new budget ('' = unchanged), task states reset to pending, resumable goal states, terminal
-#       goal states (each comma-separated)
-# Returns {'ok', previous, target, resumes} | {'same', state} | {'illegal', state} | {'missing'}
-#       | {'budget', spent}
-_RESUME = """
-local cur = redis.call('HGET', KEYS[1], 'state')
-if not cur then return {'missing'} end
-local function listed(csv, state)
-  for s in string.gmatch(csv, '[^,]+') do if s == state then return true end end
-  return false
-end
-if not listed(ARGV[9], cur) then
-  if listed(ARGV[10], cur) then return {'illegal', cur} end
-  return {'same', cur}
-end
-if ARGV[7] ~= '' then
-  local spent = tonumber(redis.call('HGET', KEYS[7], 'spent') or '0')
-  local reserved = tonumber(redis.call('HGET', KEYS[7], 'reserved') or '0')
-  if tonumber(ARGV[7]) <= spent + reserved then return {'budget', tostring(spent + reserved)} end
-  redis.call('HSET', KEYS[7], 'budget', ARGV[7])
-  redis.call('HSET', KEYS[1], 'budget_tokens', ARGV[7])
-end
-local target = 'running'
-if (redis.call('HGET', KEYS[1], 'plan_version') or '0') == '0' then target = 'planning' end
-local resumes = redis.call('HINCRBY', KEYS[1], 'resumes', 1)
-redis.call('HSET', KEYS[1], 'state', target, 'replans', '0', 'updated_at', ARGV[1])
-redis.call('HDEL', KEYS[1], 'reason')
-local reset = {}
-for s in string.gmatch(ARGV[8], '[^,]+') do reset[s] = true end
-for _, tid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  local tkey = ARGV[4] .. tid
-  local ts = redis.call('HGET', tkey, 'state')
-  if ts and reset[ts] then
-    redis.call('HSET', tkey, 'state', 'pending', 'reason', 'goal resumed', 'updated_at', ARGV[1])
-  end
-end
-redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
-redis.call('DEL', KEYS[6])
-redis.call('HDEL', KEYS[7], 'trouble_since')
-for i = 8, #KEYS do redis.call('DEL', KEYS[i]) end
-local event = string.gsub(ARGV[2], '__TARGET__', target)
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'e', event)
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', tonumber(ARGV[3]) * 10, '*', 'e', event)
-return {'ok', cur, target, tostring(resumes)}
-"""
-
-
-# The supervisor claims a goal whose last progress is older than its bound, so that one planner
-# worker (of many) examines it per bound. KEYS: active index. ARGV: goal id, cutoff, now.
-_CLAIM_STALE = """
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score or tonumber(score) > tonumber(ARGV[2]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-return 1
-"""
+# The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
+_TRANSITION, _CREATE_GOAL, _SAVE_PLAN, _CANCEL, _RESUME, _CLAIM_STALE = module_scripts(
+    "store", "transition", "create_goal", "save_plan", "cancel", "resume", "claim_stale"
+)
 
 
 # redis-py types the asyncio client's hash/set commands as `Awaitable[T] | T`; the
 # `type: ignore[misc]` comments below are for that, not for anything of ours.
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _csv(states: Any) -> str:
@@ -462,7 +287,7 @@ class Store:
     def _goal_record(self, goal_id: str, raw: dict[Any, Any]) -> GoalRecord:
         if not raw:
             raise NotFound("goal", goal_id)
-        h = {_s(k): _s(v) for k, v in raw.items()}
+        h = {as_str(k): as_str(v) for k, v in raw.items()}
         try:
             core = json.loads(h["record"])
             record = GoalRecord.model_validate(
@@ -583,16 +408,16 @@ class Store:
                 _csv(s.value for s in GOAL_TERMINAL),
             ],
         )
-        tag = _s(out[0])
+        tag = as_str(out[0])
         if tag == "missing":
             raise NotFound("goal", goal_id)
         if tag == "illegal":
-            raise IllegalTransition(f"goal {goal_id}", _s(out[1]), "resumed")
+            raise IllegalTransition(f"goal {goal_id}", as_str(out[1]), "resumed")
         if tag == "budget":
-            raise ValueError(f"budget_tokens must exceed what the goal has spent and reserved ({_s(out[1])})")
+            raise ValueError(f"budget_tokens must exceed what the goal has spent and reserved ({as_str(out[1])})")
         if tag == "same":
             return None
-        return GoalState(_s(out[2]))
+        return GoalState(as_str(out[2]))
 
     async def stale_goals(self, idle_for: float, limit: int = 200) -> list[str]:
         """Non-terminal goals that made no progress for `idle_for` seconds, each claimed (for another
@@ -602,7 +427,7 @@ class Store:
         ids = await self.redis.zrangebyscore(self.keys.active_index(), "-inf", cutoff, start=0, num=limit)
         claimed = []
         for raw in ids:
-            gid = _s(raw)
+            gid = as_str(raw)
             if await self._claim_stale(keys=[self.keys.active_index()], args=[gid, cutoff, f"{now:.3f}"]):
                 claimed.append(gid)
         return claimed
@@ -680,14 +505,14 @@ class Store:
                 *[t.id for t in plan.tasks],
             ],
         )
-        tag = _s(out[0])
+        tag = as_str(out[0])
         if tag == "missing":
             raise NotFound("goal", goal_id)
         if tag == "ended":
-            raise IllegalTransition(f"goal {goal_id}", _s(out[1]), "a new plan")
+            raise IllegalTransition(f"goal {goal_id}", as_str(out[1]), "a new plan")
         if tag == "stale":
-            raise StaleWrite(f"plan of goal {goal_id}", f"version {expected_version}", f"version {_s(out[1])}")
-        return int(_s(out[1]))
+            raise StaleWrite(f"plan of goal {goal_id}", f"version {expected_version}", f"version {as_str(out[1])}")
+        return int(as_str(out[1]))
 
     async def get_plan(self, goal_id: str, version: int | None = None) -> StoredPlan:
         if version is None:
@@ -720,7 +545,7 @@ class Store:
         store wrote with it: one round trip instead of two); a task without a record is left out."""
         if ids is None:
             ids = await self.redis.smembers(self._task_ids_key(goal_id))  # type: ignore[misc]
-        ids = sorted({_s(i) for i in ids})
+        ids = sorted({as_str(i) for i in ids})
         async with self.redis.pipeline(transaction=False) as pipe:
             for tid in ids:
                 pipe.hgetall(self._task_key(goal_id, tid))
@@ -735,7 +560,7 @@ class Store:
 
     @staticmethod
     def _parse_task(goal_id: str, task_id: str, raw: dict[Any, Any]) -> TaskRecord:
-        h = {_s(k): _s(v) for k, v in raw.items()}
+        h = {as_str(k): as_str(v) for k, v in raw.items()}
         return TaskRecord.model_validate(
             {
                 "goal_id": goal_id,
@@ -968,7 +793,7 @@ class Store:
 
     @staticmethod
     def _outcome(out: list[Any], entity: str, target: str, expected_attempt: int | None = None) -> bool:
-        tag = _s(out[0])
+        tag = as_str(out[0])
         if tag == "ok":
             return True
         if tag == "same":
@@ -977,8 +802,8 @@ class Store:
             kind, _, ident = entity.partition(" ")
             raise NotFound(kind, ident)
         if tag == "stale":
-            raise StaleWrite(entity, f"attempt {expected_attempt}", f"attempt {_s(out[1])}")
-        raise IllegalTransition(entity, _s(out[1]), target)
+            raise StaleWrite(entity, f"attempt {expected_attempt}", f"attempt {as_str(out[1])}")
+        raise IllegalTransition(entity, as_str(out[1]), target)
 
 
 __all__ = [

@@ -30,7 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
 from .keys import Keys
-from .ledger import _LIB, TENANT_NAME_PATTERN, LedgerSnapshot, _pairs, _s, usd_to_micro
+from .ledger import TENANT_NAME_PATTERN, LedgerSnapshot, usd_to_micro
+from .replies import as_str, str_pairs
+from .scripts import lua
 
 Period = Literal["none", "day", "month"]
 DEFAULT_TENANT = "default"
@@ -113,7 +115,7 @@ class TenantView(BaseModel):
 
 
 def _decode(h: Mapping[Any, Any]) -> dict[str, str]:
-    return {_s(k): _s(v) for k, v in h.items()}
+    return {as_str(k): as_str(v) for k, v in h.items()}
 
 
 def _model_spend(h: Mapping[str, str]) -> list[ModelSpend]:
@@ -131,64 +133,10 @@ def _model_spend(h: Mapping[str, str]) -> list[ModelSpend]:
         for m, v in sorted(per.items())
     ]
 
-
-# KEYS: tenant settings, tenants set. ARGV: period, budget tokens, budget micro-USD, max running
-# ('' = unchanged for each). Returns the settings after the change.
-_SET = """
-local f = {'period', 'budget_tokens', 'budget_micro', 'max_running'}
-for i, field in ipairs(f) do
-  if ARGV[i] ~= '' then redis.call('HSET', KEYS[1], field, ARGV[i]) end
-end
-redis.call('HSETNX', KEYS[1], 'period', 'none')
-redis.call('SADD', KEYS[2], ARGV[5])
-return redis.call('HGETALL', KEYS[1])
-"""
-
-# KEYS: tenant settings. ARGV: pool key prefix, tenant name.
-# Starts the current period afresh: its spend (every kind, cost, per model) goes to zero, and is
-# added to `before_reset_spent` / `before_reset_cost`; open reservations stay held and settle
-# normally, so `reserved` and `open` are untouched and the books still balance.
-_RESET = (
-    _LIB
-    + """
-local period = redis.call('HGET', KEYS[1], 'period')
-local name = 'tenant:' .. ARGV[2] .. ':' .. period_label(period, now())
-local key = ARGV[1] .. name
-local h = redis.call('HGETALL', key)
-if #h == 0 then return name end
-local spent, cost = 0, 0
-for i = 1, #h, 2 do
-  local field = h[i]
-  if field == 'spent' then spent = tonumber(h[i + 1]) end
-  if field == 'cost_micro_usd' then cost = tonumber(h[i + 1]) end
-  if field == 'spent' or field == 'cost_micro_usd' or string.sub(field, 1, 6) == 'spent_'
-     or string.sub(field, 1, 2) == 'm:' or field == 'calls' or field == 'overrun' then
-    redis.call('HDEL', key, field)
-  end
-end
-redis.call('HSET', key, 'spent', 0)
-redis.call('HINCRBY', key, 'before_reset_spent', spent)
-redis.call('HINCRBY', key, 'before_reset_cost', cost)
-redis.call('HINCRBY', key, 'resets', 1)
-return name
-"""
-)
-
-# KEYS: running slots zset, tenant settings. ARGV: member, slot ttl (s).
-# Returns {1, running} when the member holds a slot (taken or renewed), {0, running, limit} when full.
-_ACQUIRE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now))
-local limit = tonumber(redis.call('HGET', KEYS[2], 'max_running') or 0) or 0
-local exp = string.format('%.6f', now + tonumber(ARGV[2]))
--- Without a limit there is nothing to count (every attempt of every executor passes here).
-if limit <= 0 or redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < limit then
-  redis.call('ZADD', KEYS[1], exp, ARGV[1])
-  return {1}
-end
-return {0, redis.call('ZCARD', KEYS[1]), limit}
-"""
+# The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
+_SET = lua("tenants_set")
+_RESET = lua("ledger_lib", "tenants_reset")
+_ACQUIRE = lua("tenants_acquire")
 
 
 class Tenants:
@@ -228,7 +176,7 @@ class Tenants:
             name,
         ]
         out = await self._set(keys=[self.keys.tenant(name), self.keys.tenants()], args=args)
-        return self._settings(name, _pairs(out))
+        return self._settings(name, str_pairs(out))
 
     def _settings(self, name: str, h: Mapping[str, str]) -> TenantSettings:
         return TenantSettings(
@@ -240,7 +188,7 @@ class Tenants:
         )
 
     async def names(self) -> list[str]:
-        return sorted(_s(n) for n in await self.redis.smembers(self.keys.tenants()))  # type: ignore[misc]
+        return sorted(as_str(n) for n in await self.redis.smembers(self.keys.tenants()))  # type: ignore[misc]
 
     async def show(self, name: str, periods: int = 12) -> TenantView:
         """Settings, running slots and the books of the last `periods` periods (newest first)."""
@@ -252,7 +200,7 @@ class Tenants:
         current = period_label(settings.period, datetime.fromtimestamp(now, UTC))
         await self.redis.zremrangebyscore(self.keys.tenant_running(name), "-inf", now)
         running = int(await self.redis.zcard(self.keys.tenant_running(name)))
-        labels = [_s(x) for x in await self.redis.zrevrange(self.keys.tenant_periods(name), 0, periods - 1)]
+        labels = [as_str(x) for x in await self.redis.zrevrange(self.keys.tenant_periods(name), 0, periods - 1)]
         out: list[PeriodSpend] = []
         for pool in labels:
             ph = _decode(await self.redis.hgetall(self.keys.pool(pool)))  # type: ignore[misc]
@@ -271,7 +219,7 @@ class Tenants:
     async def reset(self, name: str) -> str:
         """Start the tenant's current period afresh (its spend back to zero); returns the pool name."""
         check_name(name)
-        return _s(await self._reset(keys=[self.keys.tenant(name)], args=[self.keys.pool_prefix(), name]))
+        return as_str(await self._reset(keys=[self.keys.tenant(name)], args=[self.keys.pool_prefix(), name]))
 
     async def acquire_slot(self, name: str, member: str, ttl: float) -> None:
         """Take (or renew, for `ttl` seconds) one of the tenant's running slots; `TenantBusy` if full."""

@@ -36,6 +36,7 @@ from bus.client import Client
 from bus.connection import UNREACHABLE
 from bus.goal_index import BadCursor, GoalIndex
 from bus.ledger import LedgerNotFound, LedgerSnapshot
+from bus.replies import as_str
 from bus.schemas import GOAL_ID_PATTERN, Event, GoalState, TaskResult
 from bus.store import AlreadyExists, IllegalTransition, NotFound
 from bus.tenants import TenantView
@@ -613,7 +614,7 @@ def create_app(
         start = _position(last_event_id, "Last-Event-ID") or (after if after == "$" else _position(after, "after"))
         if start == "$":
             tail = await client().redis.xrevrange(client().keys.global_events(), count=1)
-            start = (tail[0][0].decode() if isinstance(tail[0][0], bytes) else str(tail[0][0])) if tail else "0-0"
+            start = as_str(tail[0][0]) if tail else "0-0"
         return _sse(_follow(client(), None, start), app.state.draining)
 
     # -- approvals ----------------------------------------------------------------------------

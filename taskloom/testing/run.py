@@ -30,6 +30,7 @@ from bus.attempts import AttemptStore, StepRecord
 from bus.client import Client
 from bus.keys import ROLES, Keys
 from bus.ledger import Ledger, LedgerNotFound, LedgerSnapshot
+from bus.replies import as_str
 from bus.runtime import Runtime
 from bus.schemas import Event, Goal, GoalRecord, GoalState, StoredPlan, TaskRecord, TaskResult
 from executor.demo_tools import support
@@ -173,14 +174,10 @@ def as_registry(tools: Tools, settings: Settings, model: ModelPort) -> ToolRegis
     return ToolRegistry(list(tools))
 
 
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 async def _failed_jobs(redis: ArqRedis, keys: Keys, goal_id: str) -> list[FailedJob]:
     failed = []
     async for raw in redis.scan_iter(match=f"{result_key_prefix}{keys.job_id('*')}", count=1000):
-        job_id = _s(raw).removeprefix(result_key_prefix)
+        job_id = as_str(raw).removeprefix(result_key_prefix)
         if f":{goal_id}" not in job_id:
             continue
         info = await Job(job_id, redis).result_info()

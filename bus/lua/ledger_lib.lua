@@ -1,0 +1,142 @@
+-- Shared by every script. A reservation's expiry entry is `id \n goal key \n amount \n forfeit cost \n
+-- model \n tenant pool key \n pool key...` (model and tenant pool are '-' when there is none).
+-- `close` takes one open reservation off the books (the goal's, the tenant period pool's, each pool's):
+--   'settle'  spent += the reported usage (by kind), cost += the priced usage;
+--   'release' nothing spent;
+--   'forfeit' / 'expire' / 'unknown'  spent_unknown += the full amount, cost += the worst-case cost
+--   ('unknown': the call succeeded but its reply carried no usage; counted as `usage_unknown`).
+-- Every book also gives back the worst-case cost it held (`reserved_micro`). The tenant period pool
+-- also keeps the spend per model (`m:<model>:<kind>`), for `taskloom ledger --tenant`.
+-- It returns false when the id is not open: closing is idempotent.
+local function lines(s)
+  local out = {}
+  for part in string.gmatch(s, '[^\n]+') do out[#out + 1] = part end
+  return out
+end
+
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local SETTLED = {'spent_input', 'spent_output', 'spent_cache_read', 'spent_cache_write', 'cost_micro_usd',
+                 'unpriced'}
+local KINDS = {'input', 'output', 'cache_read', 'cache_write', 'cost'}
+
+-- Add `delta[i]` to the integer field `fields[i]` of hash `key`, for every i, in two commands (one
+-- HMGET, one HSET) whatever the number of fields: a script's cost is mostly its redis.call count,
+-- and one HINCRBY per field made a settle cost ~25 commands. Exact like HINCRBY for integers up to
+-- 2^53 (token counts and micro-USD stay far below), and like HINCRBY it refuses a field that holds
+-- no integer.
+local function int_of(v, key, field)
+  if not v then return 0 end
+  local n = tonumber(v)
+  if not n or n ~= math.floor(n) then error('hash value is not an integer: ' .. key .. ' ' .. field) end
+  return n
+end
+
+-- `extra`: more field/value pairs to write in the same HSET.
+local function add_all(key, fields, delta, extra)
+  if #fields == 0 then return end
+  local cur = redis.call('HMGET', key, unpack(fields))
+  local args = {}
+  for i, field in ipairs(fields) do
+    args[#args + 1] = field
+    args[#args + 1] = string.format('%d', int_of(cur[i], key, field) + delta[i])
+  end
+  for _, v in ipairs(extra or {}) do args[#args + 1] = v end
+  redis.call('HSET', key, unpack(args))
+end
+
+local function book(key, amount, fcost, mode, u, model, extra)
+  local fields, delta = {}, {}
+  -- `always`: written even when the change is 0 (as HINCRBY by 0 would create the field).
+  local function add(field, d, always)
+    if always or d ~= 0 then
+      fields[#fields + 1] = field
+      delta[#delta + 1] = d
+    end
+  end
+  add('reserved', -amount, true)
+  add('open', -1, true)
+  add('reserved_micro', -fcost)
+  if mode == 'release' then
+    add('releases', 1, true)
+  else
+    add('calls', 1, true)
+    if mode == 'settle' then
+      -- Zero usage of a kind is not written (a field per kind only once it is used).
+      local total = u[1] + u[2] + u[3] + u[4]
+      for i, field in ipairs(SETTLED) do add(field, u[i]) end
+      add('spent', total, true)
+      if total > amount then add('overrun', total - amount, true) end
+      if model then
+        for i, kind in ipairs(KINDS) do add('m:' .. model .. ':' .. kind, u[i]) end
+      end
+    else
+      add('spent_unknown', amount, true)
+      add('spent', amount, true)
+      add('cost_micro_usd', fcost, true)
+      add(mode == 'expire' and 'expired' or mode == 'unknown' and 'usage_unknown' or 'forfeits', 1, true)
+      if model then
+        add('m:' .. model .. ':unknown', amount, true)
+        add('m:' .. model .. ':cost', fcost, true)
+      end
+    end
+  end
+  add_all(key, fields, delta, extra)
+end
+
+-- `member` is the reservation's entry in the expiry set: its id, then its record (kept in the
+-- member itself, so opening and closing a reservation each touch one key less). A member that is a
+-- bare id was written by a worker of an earlier version, which kept the record in the open hash.
+-- `goal_extra`: field/value pairs written to the goal's books with the same HSET.
+local function close(open_key, expiry_key, member, mode, u, goal_extra, watch)
+  if redis.call('ZREM', expiry_key, member) == 0 then return false end
+  local f = lines(member)
+  if #f == 1 then
+    local rec = redis.call('HGET', open_key, member)
+    if not rec then return false end
+    redis.call('HDEL', open_key, member)
+    f = lines(member .. '\n' .. rec)
+  end
+  local amount, fcost = tonumber(f[3]), tonumber(f[4])
+  -- `watch` {field, value}: whether the goal's books held another value in that field before.
+  local changed = watch and redis.call('HGET', f[2], watch[1]) ~= watch[2]
+  book(f[2], amount, fcost, mode, u, nil, goal_extra)
+  if f[6] ~= '-' then book(f[6], amount, fcost, mode, u, f[5]) end
+  for i = 7, #f do book(f[i], amount, fcost, mode, u, nil) end
+  if changed then return 2 end
+  return 1
+end
+
+local function sweep(open_key, expiry_key, t, limit)
+  local members = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', string.format('%.6f', t), 'LIMIT', 0, limit)
+  for _, member in ipairs(members) do close(open_key, expiry_key, member, 'expire', nil) end
+  return #members
+end
+
+-- UTC calendar date of epoch seconds `t` (H. Hinnant's civil_from_days; bus.tenants.period_label
+-- is the same rule in Python).
+local function civil(t)
+  local z = math.floor(t / 86400) + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local d = doy - math.floor((153 * mp + 2) / 5) + 1
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m, d
+end
+
+local function period_label(period, t)
+  if period == 'day' then return string.format('%04d-%02d-%02d', civil(t)) end
+  if period == 'month' then
+    local y, m = civil(t)
+    return string.format('%04d-%02d', y, m)
+  end
+  return 'all'
+end

@@ -1,0 +1,138 @@
+-- KEYS: goal books, open hash, expiry zset.
+-- ARGV: reservation id, input estimate, max_tokens, min output, ttl, input and output price
+--       (micro-USD per million tokens, the dearest input rate), pool key prefix, sweep batch,
+--       model ('-' = none), priced (1/0), tenant key prefix.
+-- Returns {'ok', max_tokens, amount, expires_at, pools, worst cost, tenant pool name, spent permille,
+--         expiry entry}
+--       | {'missing'} | {'refused', pool name or '', unit, budget, spent, reserved, requested}
+local t = now()
+local inp, maxt, minr = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local pin, pout, priced = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[11] == '1'
+local function num(v) return tonumber(v or 0) or 0 end
+local function limit(v) local x = num(v); if x > 0 then return x end return nil end
+
+-- Most output tokens with ceil((inp * pin + out * pout) / 1e6) <= h (micro-USD of headroom), or
+-- -1 when not even the input fits. Exact in doubles: past the first test, h * 1e6 is below the
+-- call's worst case, a number of at most ~1e14.
+local function usd_out(h)
+  if h * 1000000 >= inp * pin + maxt * pout then return maxt end
+  local rest = h * 1000000 - inp * pin
+  if rest < 0 then return -1 end
+  if pout == 0 then return maxt end
+  local o = math.floor(rest / pout)
+  while o > 0 and inp * pin + o * pout > h * 1000000 do o = o - 1 end
+  return o
+end
+
+-- Reads the books this call draws from and decides how many output tokens it gets: returns the
+-- goal's fields, the books, the tenant pool (key, name, new), the output tokens and the limiter
+-- (books, unit), and the highest spent fraction; nil when the goal has no books.
+local function decide()
+  local g = redis.call('HMGET', KEYS[1], 'budget', 'spent', 'reserved', 'pools', 'tenant', 'budget_micro',
+                       'cost_micro_usd', 'reserved_micro', 'open')
+  if not g[1] then return nil end
+
+  -- Every set of books this call draws from: tb/ub are the token and micro-USD budgets (nil = no
+  -- limit of that unit), ts/us spent, tr/ur reserved.
+  -- `raw` keeps the fields as read (reserved, open, reserved_micro), to write the new values back.
+  local books = {}
+  local function add(key, name, tb, ts, tr, ub, us, ur, raw)
+    books[#books + 1] = {key = key, name = name, tb = tb, ts = ts, tr = tr, ub = ub, us = us, ur = ur, raw = raw}
+  end
+  add(KEYS[1], '', num(g[1]), num(g[2]), num(g[3]), limit(g[6]), num(g[7]), num(g[8]), {g[3], g[9], g[8]})
+  for name in string.gmatch(g[4] or '', '[^\n]+') do
+    local key = ARGV[8] .. name
+    local p = redis.call('HMGET', key, 'budget', 'spent', 'reserved', 'budget_micro', 'cost_micro_usd',
+                         'reserved_micro', 'open')
+    -- A missing pool has token budget 0: it refuses.
+    add(key, name, num(p[1]), num(p[2]), num(p[3]), limit(p[4]), num(p[5]), num(p[6]), {p[3], p[7], p[6]})
+  end
+  -- The tenant's pool of the current period (UTC calendar); its limits are the tenant's settings
+  -- as they are now, so lowering them takes effect at the next reservation.
+  local tkey, tname, tnew = '-', '', false
+  if g[5] then
+    local c = redis.call('HMGET', ARGV[12] .. g[5], 'period', 'budget_tokens', 'budget_micro')
+    tname = 'tenant:' .. g[5] .. ':' .. period_label(c[1], t)
+    tkey = ARGV[8] .. tname
+    local p = redis.call('HMGET', tkey, 'spent', 'reserved', 'cost_micro_usd', 'reserved_micro', 'budget', 'open')
+    tnew = not p[5]
+    add(tkey, tname, limit(c[2]), num(p[1]), num(p[2]), limit(c[3]), num(p[3]), num(p[4]), {p[2], p[6], p[4]})
+  end
+
+  -- The limiter is the books that leave the fewest output tokens; the goal wins ties, so a refusal
+  -- names a pool only when the pool is tighter. clamp_output() in Python is the token rule.
+  local out, lim, unit, frac = maxt, books[1], 'tokens', 0
+  for _, b in ipairs(books) do
+    if b.tb then
+      if b.tb > 0 then frac = math.max(frac, b.ts / b.tb) end
+      local o = math.min(maxt, b.tb - b.ts - b.tr - inp)
+      if o < out then out, lim, unit = o, b, 'tokens' end
+    end
+    if b.ub then
+      frac = math.max(frac, b.us / b.ub)
+      local o = priced and usd_out(b.ub - b.us - b.ur) or -1
+      if o < out then out, lim, unit = o, b, priced and 'usd' or 'unpriced' end
+    end
+  end
+  return g, books, tkey, tname, tnew, out, lim, unit, frac
+end
+
+local g, books, tkey, tname, tnew, out, lim, unit, frac = decide()
+if not g then return {'missing'} end
+-- Expired reservations (their holders died) are forfeited only when they could matter: when this
+-- call cannot have its full max_tokens. Then they are swept, and the call decided again. A call
+-- with room to spare costs no sweep; `Ledger.sweep`, every snapshot and the supervisor's rounds
+-- sweep too.
+if out < maxt and sweep(KEYS[2], KEYS[3], t, tonumber(ARGV[9])) > 0 then
+  g, books, tkey, tname, tnew, out, lim, unit, frac = decide()
+end
+local floor = math.max(1, math.min(maxt, minr))
+if out < floor then
+  redis.call('HINCRBY', KEYS[1], 'refusals', 1)
+  if lim.name ~= '' then redis.call('HINCRBY', lim.key, 'refusals', 1) end
+  if unit == 'tokens' then
+    return {'refused', lim.name, unit, tostring(lim.tb), tostring(lim.ts), tostring(lim.tr), tostring(inp + floor)}
+  end
+  return {'refused', lim.name, unit, tostring(lim.ub), tostring(lim.us), tostring(lim.ur),
+          tostring(math.ceil((inp * pin + floor * pout) / 1000000))}
+end
+
+local amount = inp + out
+local fcost = math.ceil((inp * pin + out * pout) / 1000000)
+-- One HSET per book from the values read above (HINCRBY per field cost a command each). A book
+-- listed twice (a goal naming its tenant's pool as a pool too) is read afresh the second time.
+local written = {}
+for _, b in ipairs(books) do
+  local fields, delta = {'reserved', 'open'}, {amount, 1}
+  if fcost ~= 0 then fields[3], delta[3] = 'reserved_micro', fcost end
+  if written[b.key] then
+    add_all(b.key, fields, delta)
+  else
+    written[b.key] = true
+    local args = {}
+    for i, field in ipairs(fields) do
+      args[#args + 1] = field
+      args[#args + 1] = string.format('%d', int_of(b.raw[i], b.key, field) + delta[i])
+    end
+    if b.key == tkey and tnew then
+      -- A new period's books: `budget` 0 marks them as existing (the limits live in the tenant's settings).
+      args[#args + 1] = 'budget'
+      args[#args + 1] = '0'
+      args[#args + 1] = 'period_started'
+      args[#args + 1] = string.format('%.3f', t)
+    end
+    redis.call('HSET', b.key, unpack(args))
+  end
+end
+if tnew then
+  redis.call('ZADD', ARGV[12] .. g[5] .. ':periods', string.format('%.6f', t), tname)
+end
+local rec = {ARGV[1], KEYS[1], tostring(amount), tostring(fcost), ARGV[10], tkey}
+for _, b in ipairs(books) do
+  if b.key ~= KEYS[1] and b.key ~= tkey then rec[#rec + 1] = b.key end
+end
+local expires = t + tonumber(ARGV[5])
+local member = table.concat(rec, '\n')
+redis.call('ZADD', KEYS[3], string.format('%.6f', expires), member)
+return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or '', tostring(fcost), tname,
+        tostring(math.floor(frac * 1000)), member}
