@@ -3,6 +3,7 @@ on the wire and the errors are redis-py's own, and commands and pipelines round-
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,32 @@ async def test_commands_and_pipelines_round_trip(redis_url: str, prefix: str, tm
             assert await pool.eval("return ARGV[1] .. ARGV[2]", 0, 1.5, "x") == b"1.5x"
         finally:
             await pool.delete(key)
+
+
+async def test_a_connection_with_unread_data_is_not_reused_as_is(redis_url: str, tmp_path: Path) -> None:
+    """The pool's check before a command skips its socket read only when nothing is buffered: a reply
+    left unread, or a connection the server closed, still makes the pool reconnect, and the next
+    command gets its own reply."""
+    async with connect(redis_url, tmp_path) as pool:
+        conn = await pool.connection_pool.get_connection()
+        await conn.send_command("ECHO", "stale")  # its reply is never read
+        await asyncio.sleep(0.05)  # the reply reaches the stream's buffer
+        await pool.connection_pool.release(conn)
+        assert await pool.echo("fresh") == b"fresh"
+
+        conn = await pool.connection_pool.get_connection()
+        own_id = await conn.send_command("CLIENT", "ID") or await conn.read_response()
+        await pool.connection_pool.release(conn)
+        async with connect(redis_url, tmp_path) as other:
+            assert await other.execute_command("CLIENT", "KILL", "ID", own_id) == 1
+        await asyncio.sleep(0.05)  # the close reaches the stream
+        assert await pool.echo("after close") == b"after close"
+
+
+async def test_the_check_skips_the_read_when_nothing_is_buffered(redis_url: str, tmp_path: Path) -> None:
+    async with connect(redis_url, tmp_path) as pool:
+        await pool.ping()
+        (conn,) = pool.connection_pool._available_connections
+        if not isinstance(conn._parser, connection._HiredisParser):
+            pytest.skip("hiredis not installed")
+        assert await conn.can_read_destructive() is False
