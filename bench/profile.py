@@ -1,35 +1,47 @@
 """The top self-time entries of cProfile stats files (`BENCH_PROFILE=DIR python -m bench.throughput`
-writes one per worker process), as a Markdown table: CPU ms of the function's own code per job.
+or `bench.speedup` writes one per worker process, CPU time of the measured window), as a Markdown
+table: CPU ms in the function's own code per job (or per goal).
 
-    python -m bench.profile [--top 15] [--jobs N] FILE.prof [FILE.prof ...]
+    python -m bench.profile [--top 15] [--per N] [--unit job] FILE.prof [FILE.prof ...]
 
-Several files are added up (the worker processes of one run). `--jobs`: the jobs they ran (the
-`job.start` lines), to give each entry per job; without it, total ms.
+Several files are added up (the worker processes of one run). `--per`: the jobs (or goals) they
+ran, to give each entry per job; without it, total ms. cProfile's own cost per call inflates
+call-heavy code, so read the shares against each other and the /proc CPU of unprofiled runs for
+the totals.
 """
 
 from __future__ import annotations
 
 import argparse
 import pstats
+import sysconfig
 
 from bench._harness import REPO
 
-REPO_PREFIX = f"{REPO}/"
+PREFIXES = (f"{REPO}/", f"{sysconfig.get_paths()['purelib']}/", f"{sysconfig.get_paths()['stdlib']}/")
 
 
-def table(files: list[str], top: int, jobs: int | None) -> str:
+def _where(path: str, line: int) -> str:
+    if not line:  # a built-in
+        return ""
+    for prefix in PREFIXES:
+        path = path.removeprefix(prefix)
+    return f" ({path}:{line})"
+
+
+def table(files: list[str], top: int, per: int | None, unit: str = "job") -> str:
     stats = pstats.Stats(files[0])
     for f in files[1:]:
         stats.add(f)
     # pstats' table: (file, line, name) -> (primitive calls, calls, self time, cumulative time, callers)
     rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
     total = sum(v[2] for _, v in rows)
-    per = f"self ms per job (of {jobs} jobs)" if jobs else "self ms"
-    out = [f"| # | function | calls | {per} | share of self time |", "| ---: | --- | ---: | ---: | ---: |"]
-    div = jobs or 1
+    head = f"self ms per {unit} (of {per} {unit}s)" if per else "self ms"
+    out = [f"| # | function | calls | {head} | share of self time |", "| ---: | --- | ---: | ---: | ---: |"]
+    div = per or 1
     for i, ((path, line, name), (_, calls, self_s, _, _)) in enumerate(rows[:top], 1):
-        where = f"{path.rsplit('site-packages/', 1)[-1].removeprefix(REPO_PREFIX)}:{line}" if line else path
-        out.append(f"| {i} | `{name}` ({where}) | {calls} | {self_s * 1000 / div:.3f} | {self_s / total:.1%} |")
+        share = self_s / total
+        out.append(f"| {i} | `{name}`{_where(path, line)} | {calls} | {self_s * 1000 / div:.3f} | {share:.1%} |")
     out.append(f"| | all functions | | {total * 1000 / div:.3f} | 100% |")
     return "\n".join(out)
 
@@ -38,9 +50,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+")
     parser.add_argument("--top", type=int, default=15)
-    parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--per", type=int, default=None, help="jobs (or goals) the profiled processes ran")
+    parser.add_argument("--unit", default="job")
     args = parser.parse_args()
-    print(table(args.files, args.top, args.jobs))
+    print(table(args.files, args.top, args.per, args.unit))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from planner.prompts import SYSTEM as PLANNER_SYSTEM
         "speedup",
         "throughput",
         "floor",
+        "profile",
         "roundtrips",
         "tokens",
         "memory",
@@ -175,3 +176,26 @@ def test_speedup_reports_the_workers_own_cpu_per_goal_net_of_its_model_calls() -
     )
     # median CPU 250 ms, of which 26 x 3.0 = 78 ms the SDK's: 172 ms taskloom's own, 0.17 of the 1.0 s makespan
     assert cpu_table([row], under)[-1] == "| 8 | model review | 250 | 78 | 172 | 0.17 |"
+
+
+def test_profile_lists_the_top_self_time_entries_per_job(tmp_path: Any) -> None:
+    """bench.profile adds up the workers' stats files and lists the entries by their own time."""
+    import cProfile
+
+    from bench.profile import table
+
+    def busy() -> int:
+        return sum(i * i for i in range(200_000))
+
+    files = []
+    for name in ("a", "b"):
+        profiler = cProfile.Profile()
+        profiler.runcall(busy)
+        files.append(str(tmp_path / f"{name}.prof"))
+        profiler.dump_stats(files[-1])
+    lines = table(files, top=3, per=10)
+    rows = lines.splitlines()
+    assert rows[0].startswith("| # | function | calls | self ms per job (of 10 jobs)")
+    assert len(rows) == 2 + 3 + 1 and rows[-1].startswith("| | all functions |")
+    assert "`<genexpr>` (test_bench_smoke.py:" in lines or "`<genexpr>` (tests/test_bench_smoke.py:" in lines
+    assert "| 400002 |" in lines  # the generator's calls, both files added up
