@@ -2,7 +2,7 @@
 or `bench.speedup` writes one per worker process, CPU time of the measured window), as a Markdown
 table: CPU ms in the function's own code per job (or per goal).
 
-    python -m bench.profile [--top 15] [--per N] [--unit job] FILE.prof [FILE.prof ...]
+    python -m bench.profile [--top 15] [--per N] [--unit job] [--areas] FILE.prof [FILE.prof ...]
 
 Several files are added up (the worker processes of one run). `--per`: the jobs (or goals) they
 ran, to give each entry per job; without it, total ms. cProfile's own cost per call inflates
@@ -46,14 +46,46 @@ def table(files: list[str], top: int, per: int | None, unit: str = "job") -> str
     return "\n".join(out)
 
 
+# Where a frame's own time goes, by the file it is in (first match wins); built-ins (isinstance,
+# len, a socket's send) are one area of their own, as cProfile does not say who called them.
+AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Anthropic SDK and its HTTP stack", ("anthropic/", "httpx", "httpcore", "h11/", "anyio/", "sniffio")),
+    ("redis-py", ("redis/",)),
+    ("asyncio and selectors", ("asyncio/", "selectors.py")),
+    ("logging (structlog, stdlib)", ("structlog/", "logging/")),
+    ("pydantic", ("pydantic",)),
+    ("json", ("json/",)),
+    ("arq", ("arq/",)),
+    ("taskloom's own code", (f"{REPO}/",)),
+)
+
+
+def areas(files: list[str], per: int | None, unit: str = "job") -> str:
+    """Self time by area (`AREAS`), per job: what each layer costs, whoever calls it."""
+    stats = pstats.Stats(files[0])
+    for f in files[1:]:
+        stats.add(f)
+    totals = dict.fromkeys([name for name, _ in AREAS] + ["built-ins", "other"], 0.0)
+    for (path, line, _), (_, _, self_s, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        area = next((name for name, marks in AREAS if any(m in path for m in marks)), None)
+        totals[area or ("built-ins" if not line else "other")] += self_s
+    total = sum(totals.values())
+    div = per or 1
+    out = [f"| area | self ms per {unit} | share |", "| --- | ---: | ---: |"]
+    for name, t in sorted(totals.items(), key=lambda kv: -kv[1]):
+        out.append(f"| {name} | {t * 1000 / div:.2f} | {t / total:.0%} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--per", type=int, default=None, help="jobs (or goals) the profiled processes ran")
     parser.add_argument("--unit", default="job")
+    parser.add_argument("--areas", action="store_true", help="self time by area (SDK, redis-py, asyncio, ...)")
     args = parser.parse_args()
-    print(table(args.files, args.top, args.per, args.unit))
+    print(areas(args.files, args.per, args.unit) if args.areas else table(args.files, args.top, args.per, args.unit))
 
 
 if __name__ == "__main__":

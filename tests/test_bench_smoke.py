@@ -199,3 +199,8 @@ def test_profile_lists_the_top_self_time_entries_per_job(tmp_path: Any) -> None:
     assert len(rows) == 2 + 3 + 1 and rows[-1].startswith("| | all functions |")
     assert "`<genexpr>` (test_bench_smoke.py:" in lines or "`<genexpr>` (tests/test_bench_smoke.py:" in lines
     assert "| 400002 |" in lines  # the generator's calls, both files added up
+    from bench.profile import areas
+
+    by_area = areas(files, per=10).splitlines()
+    assert by_area[0] == "| area | self ms per job | share |"
+    assert any(row.startswith("| other |") or row.startswith("| built-ins |") for row in by_area)
