@@ -321,7 +321,21 @@ def spawn(args: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Pop
 
 
 def spawn_worker(role: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`BENCH_PROFILE=DIR` in the environment runs the worker under cProfile (`bench._profiled`),
+    switched on by `profile_from_now`, its stats written to DIR/<log name>.prof when it stops (print
+    them with `python -m bench.profile DIR/*.prof`)."""
+    profile = os.environ.get("BENCH_PROFILE")
+    if profile:
+        env = {**env, "BENCH_PROFILE_OUT": str(Path(profile) / f"{log.stem}.prof")}
+        return spawn(["-m", "bench._profiled", "worker", role], env, log)
     return spawn(["-m", "taskloom", "worker", role], env, log)
+
+
+def profile_from_now(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """Start the profilers of workers spawned under `BENCH_PROFILE` (the measured window begins)."""
+    if os.environ.get("BENCH_PROFILE"):
+        for p in procs:
+            p.send_signal(signal.SIGUSR1)
 
 
 def stop(procs: Iterable[subprocess.Popen[bytes] | None]) -> None:

@@ -30,8 +30,10 @@ same delay, in this process:
 - lean ReAct: one conversation calling the `width` tools one per turn, then answering once
   (width + 1 calls): the ReAct baseline of the LLMCompiler paper.
 
-The report ends with issue 13's targets, each marked met or not per review configuration, from the
-rows of the same run. Keys live under a unique prefix and are deleted afterwards.
+The report ends with issue 13's targets (issue 32's for the speed-up: the same figures, on a 2-core
+machine), each marked met or not per review configuration, from the rows of the same run; then the
+worker's CPU per goal beside the floor of its model calls (`bench.floor`, run last) and what is
+left, taskloom's own. Keys live under a unique prefix and are deleted afterwards.
 """
 
 from __future__ import annotations
@@ -54,12 +56,15 @@ from bench._harness import (
     bench_redis,
     goal_text,
     machine,
+    profile_from_now,
     spawn_worker,
     stop,
     task_id,
     wait_for_keys,
     worker_env,
 )
+from bench.floor import Floor
+from bench.throughput import cpu_seconds, floor
 from bench.toolkit import observation
 from bus.client import Client
 from llm.anthropic import AnthropicModel
@@ -113,6 +118,7 @@ class Row:
     same: list[tuple[float, int]] = field(default_factory=list)
     same_tokens: Tokens = field(default_factory=Tokens)
     lean: list[tuple[float, int]] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # the worker's CPU seconds during each goal
 
 
 async def react_same_tasks(model: AnthropicModel, width: int, tokens: Tokens | None = None) -> tuple[float, int]:
@@ -179,12 +185,15 @@ async def run(url: str, delay: float, widths: list[int], reps: int, concurrency:
                 for warm in (1, 2):  # imports, connections, scripts; both paths (routed and planned)
                     await goal(client, warm, False)
                 await react_lean(model, 1)
+                profile_from_now([proc])
                 for width in widths:
                     for config in CONFIGS:
                         row = Row(width, config)
                         for rep in range(reps):
                             before = len(fake.message_requests)
+                            cpu0 = cpu_seconds([proc])
                             span, tokens = await goal(client, width, config == "machine check")
+                            row.cpu.append(cpu_seconds([proc]) - cpu0)
                             row.spans.append(span)
                             row.calls = len(fake.message_requests) - before
                             if rep == 0:
@@ -197,7 +206,8 @@ async def run(url: str, delay: float, widths: list[int], reps: int, concurrency:
             finally:
                 stop([proc])
                 await model.aclose()
-    return report(where, delay, reps, concurrency, poll_delay, rows)
+        under = await floor(bench)
+    return report(where, delay, reps, concurrency, poll_delay, rows, under)
 
 
 async def goal(client: Client, width: int, checked: bool) -> tuple[float, Tokens]:
@@ -218,7 +228,15 @@ async def goal(client: Client, width: int, checked: bool) -> tuple[float, Tokens
     return span, tokens
 
 
-def report(where: str, delay: float, reps: int, concurrency: int, poll_delay: float, rows: list[Row]) -> str:
+def report(
+    where: str,
+    delay: float,
+    reps: int,
+    concurrency: int,
+    poll_delay: float,
+    rows: list[Row],
+    under: Floor | None = None,
+) -> str:
     lines = [
         where,
         f"model delay {delay * 1000:.0f} ms per call; one `taskloom worker all` process, executor concurrency "
@@ -243,7 +261,29 @@ def report(where: str, delay: float, reps: int, concurrency: int, poll_delay: fl
             f"{s_lean:.2f} ({row.lean[0][1]}) | {s_lean / span:.2f}x | {row.tokens} | {row.same_tokens} | "
             f"{row.tokens.total / row.same_tokens.total:.2f} |"
         )
-    return "\n".join([*lines, "", *targets(rows, delay)])
+    return "\n".join([*lines, "", *targets(rows, delay), *([] if under is None else ["", *cpu_table(rows, under)])])
+
+
+def cpu_table(rows: list[Row], under: Floor) -> list[str]:
+    """The worker's CPU per goal (from /proc, during the goal only), beside the floor of its model
+    calls (`bench.floor`: the SDK's CPU per call, measured in this run) and what is left, taskloom's
+    own CPU: on a 2-core machine it competes with the fake API and Redis for the makespan."""
+    out = [
+        f"Floor (`bench.floor`, same run): the Anthropic SDK {under.sdk_cpu_ms_per_call:.2f} ms of CPU per model call.",
+        "",
+        "| width | review | worker CPU ms per goal | floor: SDK CPU of its model calls ms "
+        "| taskloom's own CPU ms per goal | own CPU / makespan |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        cpu = statistics.median(row.cpu) * 1000
+        sdk = row.calls * under.sdk_cpu_ms_per_call
+        own = cpu - sdk
+        out.append(
+            f"| {row.width} | {row.config} | {cpu:.0f} | {sdk:.0f} | {own:.0f} | "
+            f"{own / 1000 / statistics.median(row.spans):.2f} |"
+        )
+    return out
 
 
 # Issue 13's targets: width 1 within 1.5x the single loop; width 8 at least 3.7x faster, within 1.15x

@@ -27,7 +27,7 @@ import fcntl
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -41,6 +41,13 @@ from arq.connections import ArqRedis, RedisSettings, create_pool
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from . import durability
+
+_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:  # the optional `taskloom[fast]` extra
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover - exercised where hiredis is not installed
+    _pack = None
+_HiredisParser = redis._parsers._AsyncHiredisParser
 
 log = structlog.get_logger("taskloom.redis")
 
@@ -124,7 +131,9 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     sentinels = tuple(_host_port(h) for h in hosts.split(","))
     parts = [p for p in path.split("/")]
     if not parts or not parts[0]:
-        raise RedisUrlError(f"expected the master's name after the Sentinels, e.g. {SENTINEL_SCHEME}://h:26379/mymaster/0")
+        raise RedisUrlError(
+            f"expected the master's name after the Sentinels, e.g. {SENTINEL_SCHEME}://h:26379/mymaster/0"
+        )
     if len(parts) > 2 or (len(parts) == 2 and parts[1] and not parts[1].isdigit()):
         raise RedisUrlError(f"expected /<master name>[/<database number>] after the Sentinels, got /{path}")
     options: dict[str, str] = {}
@@ -407,20 +416,75 @@ class _DropOnReadOnly:
             raise
 
 
-class FollowingConnection(_DropOnReadOnly, redis.asyncio.Connection):
+class _Lean:
+    """A connection that packs commands with hiredis's C packer when hiredis is installed: redis-py's
+    asyncio connection packs every argument in Python (an `encode` and several `isinstance` per
+    argument), about 9 µs for a 14-argument EVALSHA against 2 µs in C, and a worker sends ~40
+    commands per job. The bytes are the same (floats as `repr`, a command name with spaces split);
+    a value redis-py would refuse (a bool, an object) raises the same `DataError`."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if _pack is None:
+            return super().pack_command(*args)  # type: ignore[misc, no-any-return]
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        elif b" " in args[0]:
+            args = (*args[0].split(), *args[1:])
+        try:
+            return [_pack(args)]
+        except TypeError as exc:
+            raise redis.exceptions.DataError(str(exc)) from None
+
+    async def can_read_destructive(self) -> bool:
+        """Whether the connection holds unread data (the pool asks before every command and pipeline,
+        and reconnects when it does).
+
+        redis-py's hiredis parser answers by reading the socket under a zero timeout: a timer, a
+        suspended read, one more event-loop iteration and a cancellation for every command, about a
+        tenth of a command's client CPU. When nothing is buffered (the stream's buffer, the hiredis
+        reader's, no EOF seen) the answer is no, without that read. What the read could still find
+        is only what arrived since the loop last polled the socket: never a reply of our own, since
+        redis-py closes a connection whose command was cancelled or failed mid-exchange rather than
+        return it to the pool, and a server's close is seen at the next command, which fails on a
+        connection error as a close during the command would."""
+        parser = getattr(self, "_parser", None)
+        stream = getattr(self, "_reader", None)
+        hiredis_reader = getattr(parser, "_reader", None)
+        if (
+            isinstance(parser, _HiredisParser)
+            and parser._connected
+            and stream is not None
+            and not stream._buffer
+            and not stream.at_eof()
+            and hiredis_reader is not None
+            and not hiredis_reader.has_data()
+        ):
+            return False
+        return await super().can_read_destructive()  # type: ignore[misc, no-any-return]
+
+
+class FollowingConnection(_DropOnReadOnly, _Lean, redis.asyncio.Connection):
     pass
 
 
-class FollowingSSLConnection(_DropOnReadOnly, redis.asyncio.SSLConnection):
+class FollowingSSLConnection(_DropOnReadOnly, _Lean, redis.asyncio.SSLConnection):
     pass
+
+
+class PackingUnixConnection(_Lean, redis.asyncio.UnixDomainSocketConnection):
+    """The embedded server's transport: a local server that is never demoted, so only the packing."""
 
 
 async def _follow_promotions(client: redis.asyncio.Redis) -> None:
-    """Make a plain TCP pool's connections `_DropOnReadOnly` (arq's `create_pool` cannot be given a
-    connection class); the connection its ping opened is closed and forgotten, so none of the old
-    kind is left."""
+    """Make a plain TCP pool's connections `_DropOnReadOnly`, and every plain pool's `_Lean`
+    (arq's `create_pool` cannot be given a connection class); the connection its ping opened is
+    closed and forgotten, so none of the old kind is left."""
     pool = client.connection_pool
-    following = {redis.asyncio.Connection: FollowingConnection, redis.asyncio.SSLConnection: FollowingSSLConnection}
+    following = {
+        redis.asyncio.Connection: FollowingConnection,
+        redis.asyncio.SSLConnection: FollowingSSLConnection,
+        redis.asyncio.UnixDomainSocketConnection: PackingUnixConnection,
+    }
     if pool.connection_class in following:
         pool.connection_class = following[pool.connection_class]
         await pool.disconnect()

@@ -84,7 +84,6 @@ PROVIDERS: tuple[Provider, ...] = ("anthropic", "bedrock", "vertex")
 
 API_KEY_ENV = "ANTHROPIC_API_KEY"
 BASE_URL_ENV = "ANTHROPIC_BASE_URL"
-MAX_CACHE_MARKERS = 4  # the Messages API refuses more than 4 cache_control breakpoints
 _EPHEMERAL = {"type": "ephemeral"}
 
 # The body's `anthropic_version` each platform documents. SDK 2.14 fills in the Messages API header's
@@ -167,8 +166,8 @@ def build_params(request: ModelRequest, model: str, names: ToolNameMap) -> dict[
         last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
         if last_user is not None and last_user["content"][-1]["type"] != "thinking":
             last_user["content"][-1]["cache_control"] = dict(_EPHEMERAL)
-    markers = count_cache_markers(params)
-    assert markers <= MAX_CACHE_MARKERS, f"{markers} cache_control markers; the API allows {MAX_CACHE_MARKERS}"
+    # At most 3 markers by construction (the blocks built above carry none; the API allows 4): the
+    # tests count them with `count_cache_markers`, rather than every call walking the whole request.
     return params
 
 

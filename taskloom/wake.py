@@ -1,11 +1,12 @@
 """arq workers with wake-ups and short job leases: every use of arq's internals, in one module.
 
-Written against arq 0.28 (pinned to 0.28.* in pyproject.toml). It relies on three private things of
+Written against arq 0.28 (pinned to 0.28.* in pyproject.toml). It relies on private things of
 arq, each checked by tests/test_arq_internals.py, which fails loudly when an arq upgrade changes
 them: `Worker.main` (re-implemented below), `Worker._poll_iteration` (called below),
-`Worker.start_jobs` (wrapped below), the in-progress mark `arq:in-progress:<job id>` with
-`Worker.in_progress_timeout_s` (`hold_job`), and the format of `run_job`'s per-job log lines
-(`JobLinesFilter`).
+`Worker.start_jobs` (re-implemented below, with the slot bookkeeping it shares with `run_job`:
+`sem`, `job_counter`, `tasks`, `_release_sem_dec_counter_on_complete`), the in-progress mark
+`arq:in-progress:<job id>` with `Worker.in_progress_timeout_s` (`hold_job`, `bus.fleet.JobClaims`), and the
+format of `run_job`'s per-job log lines (`JobLinesFilter`).
 
 Wake-ups: an idle worker reacts to a new job at once instead of at its next queue poll.
 
@@ -28,6 +29,7 @@ from typing import Any
 
 import structlog
 from arq.connections import log_redis_info
+from arq.utils import timestamp_ms
 from arq.worker import Worker
 from arq.worker import logger as arq_logger
 
@@ -63,9 +65,7 @@ def reconnect_delay(failures: int) -> float:
 
 
 class WakeableWorker(Worker):
-    def __init__(
-        self, *args: Any, wake_key: str | None = None, job_lease: float | None = None, **kwargs: Any
-    ) -> None:
+    def __init__(self, *args: Any, wake_key: str | None = None, job_lease: float | None = None, **kwargs: Any) -> None:
         self.wake_key = wake_key
         self._woken = asyncio.Event()
         after = kwargs.pop("after_job_end", None)
@@ -90,6 +90,7 @@ class WakeableWorker(Worker):
 
         super().__init__(*args, after_job_end=job_ended, **kwargs)
         self._page_full = False  # the last poll read `queue_read_limit` ids: more may be queued
+        self._claims: fleet.JobClaims | None = None  # on the pool, at the first poll (arq may make the pool then)
         if _JOB_LINES_FILTER not in arq_logger.filters:
             arq_logger.addFilter(_JOB_LINES_FILTER)
         if job_lease is not None:
@@ -145,20 +146,50 @@ class WakeableWorker(Worker):
                     await listener
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
-        """arq's `start_jobs` without the jobs this worker is running itself.
+        """arq's `start_jobs`, with the pick-up of each job in one round trip, and without the jobs
+        this worker is running itself.
 
-        A poll returns every due job still in the queue, and a job stays there until it finishes; for
-        each, arq pays WATCH, EXISTS, ZSCORE and UNWATCH (four commands, three round trips) only to
-        find it in progress, and first waits for a free slot to do so. With wake-ups a worker polls
-        at every enqueue (and at a job end when it was full), so this cost grew with the jobs
-        running. A job this worker runs is skipped here; one that ended (a deferred retry, due
-        again) is not. Also notes whether the poll read a full page (`_page_full`, see `job_ended`).
+        arq 0.28 picks a job up with WATCH, EXISTS, ZSCORE, then MULTI, PSETEX, EXEC: four round
+        trips and six commands for every job, the most of any step of a taskloom job (client CPU on
+        a busy worker is mostly per round trip). `bus.fleet.JobClaims` makes the same decision with the
+        same keys atomically in a script: mark the job in progress for `in_progress_timeout_s` unless it
+        is already marked, has left the queue, or is not due yet (its score, in ms, later than now
+        by this worker's clock, as arq compares it). Then the job runs exactly as arq starts it
+        (`run_job`, in a task in `self.tasks`, its slot freed when it ends).
+
+        A poll returns every due job still in the queue, and a job stays there until it finishes, so
+        a poll also returns the jobs this worker runs: those are skipped without asking Redis. One
+        that ended (a deferred retry, due again) is not. Also notes whether the poll read a full page
+        (`_page_full`, see `job_ended`).
         """
         self._page_full = len(job_ids) >= self.queue_read_limit
         running = {job_id for job_id, task in self.tasks.items() if not task.done()}
-        if running:
-            job_ids = [j for j in job_ids if j.decode() not in running]
-        await super().start_jobs(job_ids)
+        if self._claims is None:
+            self._claims = fleet.JobClaims(self.pool)
+        for job_id_b in job_ids:
+            job_id = job_id_b.decode()
+            if job_id in running:
+                continue
+            await self.sem.acquire()
+            if self.job_counter >= self.max_jobs:
+                self.sem.release()
+                return
+            self.job_counter += 1
+            try:
+                score = await self._claims.claim(
+                    self.queue_name, job_id, timestamp_ms(), int(self.in_progress_timeout_s * 1000)
+                )
+            except BaseException:
+                self._release_sem_dec_counter_on_complete()  # the slot is not taken (arq's own leaks it)
+                raise
+            if score is None:
+                # Running elsewhere, finished and gone from the queue, or deferred by another worker.
+                self._release_sem_dec_counter_on_complete()
+                arq_logger.debug("job %s already running elsewhere", job_id)
+                continue
+            task = asyncio.get_running_loop().create_task(self.run_job(job_id, score))
+            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            self.tasks[job_id] = task
 
     async def _listen(self, key: str) -> None:
         """Set the wake-up event for every new entry of the role's wake stream."""

@@ -1,7 +1,7 @@
 """arq's private parts that taskloom.wake relies on are still what they were in arq 0.28.
 
-`taskloom.wake` re-implements `Worker.main`, calls `Worker._poll_iteration`, wraps
-`Worker.start_jobs`, renews arq's in-progress mark and filters `run_job`'s per-job log lines;
+`taskloom.wake` re-implements `Worker.main` and `Worker.start_jobs`, calls `Worker._poll_iteration`,
+renews arq's in-progress mark and filters `run_job`'s per-job log lines;
 `bus.jobs.Jobs.enqueue` writes what `ArqRedis.enqueue_job` writes (job key, queue entry) in its own
 script. An arq upgrade that changes any of them fails here, by name, instead of showing up as slow
 recovery, a worker loop that silently drifts from arq's own, or jobs arq cannot read.
@@ -61,6 +61,23 @@ def test_the_in_progress_mark_is_where_hold_job_renews_it() -> None:
     source = inspect.getsource(Worker.start_jobs)
     assert "in_progress_key_prefix" in source and "self.in_progress_timeout_s" in source
     assert inspect.iscoroutinefunction(Worker._poll_iteration)
+
+
+def test_the_slot_bookkeeping_wakes_start_jobs_shares_with_run_job_is_arqs() -> None:
+    """`WakeableWorker.start_jobs` takes a slot as arq's does (`sem`, `job_counter`), starts
+    `run_job(job_id, score)` in a task kept in `tasks`, and frees the slot with the same callback."""
+    source = inspect.getsource(Worker.start_jobs)
+    for part in (
+        "self.sem.acquire()",
+        "self.job_counter",
+        "self.tasks[job_id] = t",
+        "self.run_job(job_id, int(score))",
+    ):
+        assert part in source, f"arq's start_jobs no longer has {part!r}: re-check WakeableWorker.start_jobs"
+    assert "self._release_sem_dec_counter_on_complete()" in source
+    assert list(inspect.signature(Worker.run_job).parameters) == ["self", "job_id", "score"]
+    release = inspect.getsource(Worker._release_sem_dec_counter_on_complete)
+    assert "self.job_counter = self.job_counter - 1" in release and "self.sem.release()" in release
 
 
 def test_the_enqueue_bus_jobs_writes_is_arqs() -> None:

@@ -23,6 +23,7 @@ from planner.prompts import SYSTEM as PLANNER_SYSTEM
         "speedup",
         "throughput",
         "floor",
+        "profile",
         "roundtrips",
         "tokens",
         "memory",
@@ -160,8 +161,50 @@ def test_throughput_reports_the_floor_of_the_parts_every_job_uses() -> None:
     )
     table = floor_table([(ours, peer)], under)
     assert "2.00 ms of CPU per model call" in table[0] and "14.0 Redis commands per call" in table[0]
-    # 0.33 + 1.3 x 2.0 = 2.9 ms; 23 - 6 + 1.3 x 14 = 35.2 commands
-    assert table[-1] == "| 1 | 1.30 | 2.9 | 3 | 35.2 | 35 |"
+    # 0.33 + 1.3 x 2.0 = 2.9 ms; 23 - 6 + 1.3 x 14 = 35.2 commands; own CPU 5.0 - 2.93 = 2.1 ms (issue 32: <= 4)
+    assert table[-1] == "| 1 | 1.30 | 2.9 | 3 | 35.2 | 35 | 2.1 | met |"
+    heavy = Result(1, seconds=1.0, goals=10, tasks=40, jobs=100, cpu=0.9, commands=8000, calls=130)  # 9 ms per job
+    assert floor_table([(heavy, peer)], under)[-1].endswith("| 6.1 | **not met** (1.52x the target) |")
+
+
+def test_speedup_reports_the_workers_own_cpu_per_goal_net_of_its_model_calls() -> None:
+    from bench.floor import Floor
+    from bench.speedup import Row, cpu_table
+
+    row = Row(8, "model review", calls=26, spans=[1.0, 1.2, 0.9], cpu=[0.30, 0.20, 0.25])
+    under = Floor(
+        sdk_cpu_ms_per_call=3.0, metered_cpu_ms_per_call=4.0, ledger_commands_per_call=14, enqueue_commands_per_job=6
+    )
+    # median CPU 250 ms, of which 26 x 3.0 = 78 ms the SDK's: 172 ms taskloom's own, 0.17 of the 1.0 s makespan
+    assert cpu_table([row], under)[-1] == "| 8 | model review | 250 | 78 | 172 | 0.17 |"
+
+
+def test_profile_lists_the_top_self_time_entries_per_job(tmp_path: Any) -> None:
+    """bench.profile adds up the workers' stats files and lists the entries by their own time."""
+    import cProfile
+
+    from bench.profile import table
+
+    def busy() -> int:
+        return sum(i * i for i in range(200_000))
+
+    files = []
+    for name in ("a", "b"):
+        profiler = cProfile.Profile()
+        profiler.runcall(busy)
+        files.append(str(tmp_path / f"{name}.prof"))
+        profiler.dump_stats(files[-1])
+    lines = table(files, top=3, per=10)
+    rows = lines.splitlines()
+    assert rows[0].startswith("| # | function | calls | self ms per job (of 10 jobs)")
+    assert len(rows) == 2 + 3 + 1 and rows[-1].startswith("| | all functions |")
+    assert "`<genexpr>` (test_bench_smoke.py:" in lines or "`<genexpr>` (tests/test_bench_smoke.py:" in lines
+    assert "| 400002 |" in lines  # the generator's calls, both files added up
+    from bench.profile import areas
+
+    by_area = areas(files, per=10).splitlines()
+    assert by_area[0] == "| area | self ms per job | share |"
+    assert any(row.startswith("| other |") or row.startswith("| built-ins |") for row in by_area)
 
 
 def test_streaming_targets_are_judged_from_the_rows_of_the_run() -> None:
