@@ -43,12 +43,26 @@ from executor.loop import SYSTEM as EXECUTOR_SYSTEM
 from llm.testing import RecordedRequest, Script, content_text, text_reply, tool_reply
 from planner.prompts import PLAN_TOOL
 from planner.prompts import SYSTEM as PLANNER_SYSTEM
+from taskloom.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 TOOLS = "bench.toolkit:kit"
 FAKE_KEY = "bench-not-a-real-key"
 FAKE_MODEL = "claude-bench"
+
+
+def fake_worker_settings(redis_url: str, base_url: str, prefix: str) -> Settings:
+    """The settings of a measured worker process whose model is the fake Messages API at `base_url`
+    (set in the environment too, as a worker started by hand would find them)."""
+    os.environ.update(
+        TASKLOOM_REDIS_URL=redis_url,
+        TASKLOOM_KEY_PREFIX=prefix,
+        TASKLOOM_MODEL=FAKE_MODEL,
+        ANTHROPIC_API_KEY=FAKE_KEY,
+        ANTHROPIC_BASE_URL=base_url,
+    )
+    return load_settings()
 
 # -- numbers --------------------------------------------------------------------------------------
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -32,12 +31,11 @@ from pathlib import Path
 
 from arq import create_pool
 
-from bench._harness import DEFAULT_REDIS, FAKE_KEY, FAKE_MODEL, Bench, command_counts, goal_text
+from bench._harness import DEFAULT_REDIS, Bench, command_counts, fake_worker_settings, goal_text
 from bus.connection import redis_settings
 from executor.loop import SYSTEM
 from executor.registry import ToolRegistry
 from llm.types import Message, ModelRequest, ToolDef
-from taskloom.settings import load_settings
 from taskloom.workers import build_runtime, make_inner_model, make_ledger
 
 CONCURRENCY = 10  # a worker's default concurrency
@@ -80,14 +78,7 @@ async def _timed(calls: int, call: Callable[[], Awaitable[object]]) -> float:
 
 async def measure(redis_url: str, base_url: str, calls: int) -> Floor:
     prefix = f"bench-floor-{uuid.uuid4().hex[:10]}:"
-    os.environ.update(
-        TASKLOOM_REDIS_URL=redis_url,
-        TASKLOOM_KEY_PREFIX=prefix,
-        TASKLOOM_MODEL=FAKE_MODEL,
-        ANTHROPIC_API_KEY=FAKE_KEY,
-        ANTHROPIC_BASE_URL=base_url,
-    )
-    settings = load_settings()
+    settings = fake_worker_settings(redis_url, base_url, prefix)
     redis = await create_pool(redis_settings(redis_url))
     bench = Bench(url=redis_url, where=redis_url, redis=redis, prefix=prefix, home=Path.cwd())  # for its cleanup
     inner = make_inner_model(settings)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 import uuid
@@ -34,14 +33,20 @@ from dataclasses import dataclass
 
 from arq import create_pool
 
-from bench._harness import DEFAULT_REDIS, FAKE_KEY, FAKE_MODEL, REPO, Bench, bench_redis, command_counts
+from bench._harness import (
+    DEFAULT_REDIS,
+    REPO,
+    Bench,
+    bench_redis,
+    command_counts,
+    fake_worker_settings,
+)
 from bus.connection import redis_settings
 from bus.live import LiveCall
 from executor.loop import SYSTEM
 from executor.registry import ToolRegistry
 from llm.testing import FakeAnthropicServer, RecordedRequest, Reply, Script
 from llm.types import Message, ModelRequest
-from taskloom.settings import load_settings
 from taskloom.workers import build_runtime, make_inner_model, make_ledger
 
 TARGET_CPU = 1.10  # streamed CPU per call at most this times the plain call's
@@ -81,14 +86,7 @@ def request(goal_id: str) -> ModelRequest:
 async def measure(
     redis_url: str, base_url: str, prefix: str, goals: list[str], rounds: int, mode: str
 ) -> dict[str, float]:
-    os.environ.update(
-        TASKLOOM_REDIS_URL=redis_url,
-        TASKLOOM_KEY_PREFIX=prefix,
-        TASKLOOM_MODEL=FAKE_MODEL,
-        ANTHROPIC_API_KEY=FAKE_KEY,
-        ANTHROPIC_BASE_URL=base_url,
-    )
-    settings = load_settings()
+    settings = fake_worker_settings(redis_url, base_url, prefix)
     redis = await create_pool(redis_settings(redis_url))
     inner = make_inner_model(settings)
     try:
