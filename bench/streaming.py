@@ -224,8 +224,9 @@ def table(rows: list[Row], tokens: int, pace: float, where: str) -> str:
         f"listener check, once per goal and process ({heard.pubsub_per_call:.2f} PUBSUB/call here), {per_batch:.3f}"
         f" | {verdict(publish_per_batch <= TARGET_COMMANDS_PER_BATCH)} |",
         f"| nothing while nobody listens | {silent.publish_per_call:.2f} PUBLISH/call and no stream; the check "
-        f"before a call: {silent.pubsub_per_call:.2f} PUBSUB NUMSUB/call (at most one a second per goal; all "
-        f"commands {silent_extra:+.2f}/call) | {verdict(silent.publish_per_call == 0)} (no PUBLISH) |",
+        f"before a call: {silent.pubsub_per_call:.2f} PUBSUB NUMSUB/call (at most one per goal per 0.25 s, as "
+        f"a call starts; all commands {silent_extra:+.2f}/call) | "
+        f"{verdict(silent.publish_per_call == 0)} (no PUBLISH) |",
     ]
     return "\n".join(lines)
 

@@ -68,6 +68,13 @@ class LiveFrame(BaseModel):
     text: str = ""
 
 
+# How long "nobody watches this goal" is believed: a watcher who opens the page (or the SSE stream)
+# right after a call of the goal asked is noticed by the calls that start this much later. Short,
+# because a call made unstreamed stays so to its end; a check is one PUBSUB NUMSUB, made only as a
+# call starts (concurrent calls of a goal share it), so a fleet nobody watches pays at most this.
+LISTENER_TTL_S = 0.25
+
+
 class LivePublisher:
     """The process's writer of live text: hands out a `LiveCall` per model call, and remembers per
     goal, for `listener_ttl` seconds, whether anyone listens."""
@@ -77,7 +84,7 @@ class LivePublisher:
         redis: Redis,
         keys: Keys,
         batching: Batching | None = None,
-        listener_ttl: float = 1.0,
+        listener_ttl: float = LISTENER_TTL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.redis = redis
@@ -200,7 +207,7 @@ class LiveCall:
         self._pending_chars = 0
         offset, self.offset, self._flushed_at = self.offset, self.offset + len(text), now
         if self.publisher.silent(self.goal_id):
-            return  # nobody listens (asked less than a second ago): the batch is only counted
+            return  # nobody listens (asked within listener_ttl): the batch is only counted
         self._chain({"type": "text", **self.head, "offset": offset, "text": text})
 
     def _chain(self, frame: dict[str, Any]) -> None:

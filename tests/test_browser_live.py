@@ -26,6 +26,7 @@ from test_e2e import ACCEPT, fleet, role_of, spec, task_of, worker_env
 
 from bus.client import Client
 from bus.keys import Keys
+from bus.live import LISTENER_TTL_S
 from bus.schemas import GoalState
 from llm.testing import FakeAnthropicServer, RecordedRequest, Reply, Script, text_reply, tool_reply
 from planner.prompts import PLAN_TOOL
@@ -89,9 +90,9 @@ async def test_the_console_shows_the_answer_growing_before_the_task_is_done(
                     assert time.monotonic() < deadline, "the goal page never subscribed to the live text"
                     await asyncio.sleep(0.05)
                 # The planner's call asked whether anyone listens before the page subscribed, and a
-                # worker trusts "nobody" for a second (bus.live's listener_ttl): past it, the
-                # executor's call asks again and finds the page.
-                await asyncio.sleep(1.2)
+                # worker trusts "nobody" for LISTENER_TTL_S: past it, the executor's call asks
+                # again and finds the page.
+                await asyncio.sleep(LISTENER_TTL_S + 0.1)
                 writer.go.set()
 
                 # Observe the task's text while it is written: growing, each a prefix of the answer,
