@@ -93,6 +93,7 @@ def build_model(
     *,
     max_retries: int = 2,
     timeout: float = 60.0,
+    demo_latency: float = 0.03,
     environ: dict[str, str] | None = None,
     **extra: Any,
 ) -> ModelPort:
@@ -104,7 +105,8 @@ def build_model(
     if config.provider == "demo":
         from llm.demo import DemoModel
 
-        return DemoModel(model=config.model)  # its own id: an alias of the demo is priced as its own model
+        # Its own id: an alias of the demo is priced as its own model.
+        return DemoModel(model=config.model, latency=demo_latency)
     key_env = config.key_env()
     key = env.get(key_env) if key_env else None
     if key_env and not key:

@@ -185,9 +185,11 @@ class ModelRouter:
         return list(self._built.values())
 
 
-def make_builder(max_retries: int, timeout: float) -> Callable[[ModelConfig, bool], ModelPort]:
+def make_builder(
+    max_retries: int, timeout: float, demo_latency: float = 0.03
+) -> Callable[[ModelConfig, bool], ModelPort]:
     def build(config: ModelConfig, in_chain: bool) -> ModelPort:
         retries = 0 if in_chain and config.max_retries is None else max_retries
-        return build_model(config, max_retries=retries, timeout=timeout)
+        return build_model(config, max_retries=retries, timeout=timeout, demo_latency=demo_latency)
 
     return build

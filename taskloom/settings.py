@@ -124,6 +124,8 @@ class Settings(Limits, BaseSettings):
     # Model calls (the anthropic SDK owns retries of 408/409/429/5xx, honouring retry-after).
     model_max_retries: int = Field(default=2, ge=0, le=10)
     model_timeout: float = Field(default=60, gt=0, description="seconds per model HTTP request")
+    # Long enough to see a demo's words arrive in the console (they stream over it), short by default.
+    demo_latency: float = Field(default=0.03, ge=0, le=60, description="seconds each call of the demo model takes")
     # Agent loop bounds (max_steps, task_timeout, lease_ttl, ...): the fields of bus.runtime.Limits.
 
     # Every key of a goal that ended longer ago than this is deleted by the planners (bus.retention);
@@ -300,7 +302,7 @@ class Settings(Limits, BaseSettings):
 
     @field_validator(
         "poll_delay", "job_timeout", "shutdown_grace", "reconcile_after", "task_timeout", "model_timeout",
-        "redis_wait_timeout", "retention",
+        "redis_wait_timeout", "retention", "demo_latency",
     )
     @classmethod
     def _finite(cls, v: float) -> float:

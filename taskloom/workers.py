@@ -135,7 +135,7 @@ def make_models(settings: Settings) -> ModelRouter:
     """Every model this process may call, by name (aliases of the models file, demo, claude-... ids),
     built when first needed, and the route of each role. Every model records its calls to the
     `TASKLOOM_RECORD` cassette when that is set."""
-    build = make_builder(settings.model_max_retries, settings.model_timeout)
+    build = make_builder(settings.model_max_retries, settings.model_timeout, settings.demo_latency)
     record = settings.record
 
     def built(config: ModelConfig, in_chain: bool) -> ModelPort:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from bus.keys import Keys
+from llm.types import Message, ModelRequest
 from taskloom.settings import Settings, SettingsError, load_settings
 
 
@@ -23,6 +26,8 @@ def test_defaults_load_with_an_empty_environment() -> None:
         ("TASKLOOM_EXECUTOR_CONCURRENCY", "0", "TASKLOOM_EXECUTOR_CONCURRENCY"),
         ("TASKLOOM_DEFAULT_BUDGET_TOKENS", "lots", "TASKLOOM_DEFAULT_BUDGET_TOKENS"),
         ("TASKLOOM_KEY_PREFIX", "has space", "TASKLOOM_KEY_PREFIX"),
+        ("TASKLOOM_DEMO_LATENCY", "-1", "TASKLOOM_DEMO_LATENCY"),
+        ("TASKLOOM_DEMO_LATENCY", "inf", "TASKLOOM_DEMO_LATENCY"),
     ],
 )
 def test_a_bad_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, var: str, value: str, expect: str) -> None:
@@ -39,6 +44,18 @@ def test_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TASKLOOM_POLL_DELAY", "0.2")
     s = load_settings()
     assert s.redis_url == "redis://127.0.0.1:6379/3" and s.poll_delay == 0.2 and not s.embedded
+
+
+async def test_the_demo_model_takes_the_configured_latency(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TASKLOOM_DEMO_LATENCY reaches the demo model the workers build: a call takes that long."""
+    from taskloom.workers import make_inner_model
+
+    monkeypatch.setenv("TASKLOOM_DEMO_LATENCY", "0.3")
+    model = make_inner_model(load_settings())
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await model.complete(ModelRequest(messages=[Message.user("hello")], max_tokens=100))
+    assert loop.time() - started >= 0.3
 
 
 def test_every_key_carries_the_prefix() -> None:
