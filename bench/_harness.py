@@ -352,6 +352,13 @@ def profile_from_now(procs: Iterable[subprocess.Popen[bytes]]) -> None:
             p.send_signal(signal.SIGUSR1)
 
 
+def profile_until_now(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """Stop the profilers of workers spawned under `BENCH_PROFILE` (the measured window ends)."""
+    if os.environ.get("BENCH_PROFILE"):
+        for p in procs:
+            p.send_signal(signal.SIGUSR2)
+
+
 def stop(procs: Iterable[subprocess.Popen[bytes] | None]) -> None:
     """SIGTERM the processes we started (by pid), then SIGKILL any still alive after 10 s."""
     live = [p for p in procs if p is not None and p.poll() is None]

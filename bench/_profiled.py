@@ -1,5 +1,5 @@
-"""Run `python -m taskloom ARGS...` with cProfile (CPU time, not wall time) switched on by SIGUSR1, so
-that a benchmark profiles its measured window only, not the imports and start-up; the stats are
+"""Run `python -m taskloom ARGS...` with cProfile (CPU time, not wall time) switched on by SIGUSR1 and
+off by SIGUSR2, so that a benchmark profiles its measured window only, not the imports and start-up; the stats are
 written to the file named by `BENCH_PROFILE_OUT` when the process exits.
 
     BENCH_PROFILE_OUT=worker.prof python -m bench._profiled worker executor
@@ -19,6 +19,7 @@ import time
 def main() -> None:
     profiler = cProfile.Profile(time.process_time)
     signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
+    signal.signal(signal.SIGUSR2, lambda *_: profiler.disable())  # the measured window ends
 
     def dump() -> None:
         profiler.disable()

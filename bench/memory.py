@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +26,8 @@ from bench._harness import (
     bench_redis,
     goal_text,
     machine,
+    profile_from_now,
+    profile_until_now,
     spawn,
     spawn_worker,
     stop,
@@ -45,6 +48,12 @@ def status_kb(pid: int) -> dict[str, int]:
         if name.startswith("Vm") or name == "Threads":
             out[name] = int(value.split()[0])
     return out
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def prepare(client: Client, n: int) -> list[ExecuteJob]:
@@ -81,11 +90,15 @@ async def run(url: str, tasks: int, delay: float) -> str:
                 jobs = await prepare(client, tasks)
                 await asyncio.sleep(2.0)
                 idle = status_kb(proc.pid)
+                profile_from_now([proc])
+                cpu0 = cpu_s(proc.pid)
                 t0 = time.perf_counter()
                 for job in jobs:
                     await client.jobs.enqueue(job)
                 waiting = await wait_requests(fake, tasks, 60)
                 t_first = time.perf_counter() - t0
+                cpu_first = cpu_s(proc.pid) - cpu0
+                profile_until_now([proc])
                 await asyncio.sleep(min(1.0, delay / 4))
                 loaded = status_kb(proc.pid)
                 await wait_requests(fake, 2 * tasks, 60 + 2 * delay)
@@ -99,7 +112,7 @@ async def run(url: str, tasks: int, delay: float) -> str:
                 arq_idle = status_kb(arq.pid)
             finally:
                 stop([proc, arq])
-    return report(where, tasks, delay, idle, loaded, second, arq_idle, waiting, t_first)
+    return report(where, tasks, delay, idle, loaded, second, arq_idle, waiting, t_first, cpu_first)
 
 
 async def wait_requests(fake: FakeAnthropicServer, n: int, timeout: float) -> int:
@@ -121,6 +134,7 @@ def report(
     arq_idle: dict[str, int],
     waiting: int,
     t_first: float,
+    cpu_first: float,
 ) -> str:
     def mb(kb: int) -> str:
         return f"{kb / 1024:.1f}"
@@ -131,7 +145,8 @@ def report(
         [
             where,
             f"{tasks} tasks in one executor process (TASKLOOM_EXECUTOR_CONCURRENCY={tasks}), every model call "
-            f"answered after {delay:g} s; all {waiting} first calls in flight {t_first:.1f} s after the enqueue",
+            f"answered after {delay:g} s; all {waiting} first calls in flight {t_first:.1f} s after the enqueue "
+            f"(executor CPU meanwhile: {cpu_first:.1f} s, {1000 * cpu_first / tasks:.1f} ms per task)",
             "",
             "| process | VmRSS MB | VmHWM (peak) MB | threads |",
             "| --- | ---: | ---: | ---: |",
