@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+import aiohttp
 import anthropic
 import httpx2
 from anthropic._request import APIRequest
@@ -84,6 +85,8 @@ PROVIDERS: tuple[Provider, ...] = ("anthropic", "bedrock", "vertex")
 
 API_KEY_ENV = "ANTHROPIC_API_KEY"
 BASE_URL_ENV = "ANTHROPIC_BASE_URL"
+HTTP_CLIENT_ENV = "TASKLOOM_HTTP_CLIENT"
+HttpClient = Literal["aiohttp", "httpx"]
 _EPHEMERAL = {"type": "ephemeral"}
 
 # The body's `anthropic_version` each platform documents. SDK 2.14 fills in the Messages API header's
@@ -104,6 +107,35 @@ RETRYABLE_STATUSES = frozenset({408, 409, 424, 429})
 
 # Exceptions whose cause means the request never left this machine.
 _NOT_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
+# Under the aiohttp transport, what failed before the request left: connecting (refused, DNS, TLS,
+# proxy) or its timeout. The transport reports every connection-level failure as httpx's
+# ConnectError, a server that closed the connection after the request was sent included, so the
+# aiohttp error under it decides.
+_AIOHTTP_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+
+
+def transport_detail(err: BaseException | None) -> str:
+    """A transport error for a message: its repr, and the error at the root of its chain when that
+    says more (aiohttp's connect error shows only the OS error's number, which may be None)."""
+    text = repr(err)
+    root = err
+    while root is not None and root.__cause__ is not None:
+        root = root.__cause__
+    root = getattr(root, "os_error", None) or root
+    if root is not None and root is not err and str(root) not in text:
+        text += f" ({type(root).__name__}: {root})"
+    return text
+
+
+def not_sent(err: BaseException | None) -> bool:
+    """Whether a transport error (the cause of the SDK's APIConnectionError or APITimeoutError)
+    happened before any of the request was sent: then the provider cannot have billed it."""
+    if not isinstance(err, _NOT_SENT):
+        return False
+    cause = err.__cause__
+    if isinstance(cause, aiohttp.ClientError):
+        return isinstance(cause, _AIOHTTP_NOT_SENT)
+    return True
 
 
 # -- request building (pure) -------------------------------------------------------------------
@@ -317,9 +349,9 @@ async def _record_attempt(request: APIRequest, call_next: Any) -> AsyncAPIRespon
         response: AsyncAPIResponse[Any] = await call_next(request)
     except anthropic.APIConnectionError as err:
         if attempts is not None:
-            not_sent = isinstance(err.__cause__, _NOT_SENT)
-            attempts.outcomes.append("not sent" if not_sent else "no response")
-            attempts.maybe_billed |= not not_sent
+            unsent = not_sent(err.__cause__)
+            attempts.outcomes.append("not sent" if unsent else "no response")
+            attempts.maybe_billed |= not unsent
         raise
     if attempts is not None:
         status = response.http_response.status_code
@@ -384,12 +416,14 @@ def map_error(err: anthropic.AnthropicError, maybe_billed: bool) -> ModelError:
                 f"provider error {status}: {detail}", retry_after=_retry_after(err.response.headers), **kwargs
             )
         return TerminalModelError(f"provider refused the request ({status}): {detail}", **kwargs)
-    if isinstance(err, anthropic.APITimeoutError) and not isinstance(err.__cause__, _NOT_SENT):
+    if isinstance(err, anthropic.APITimeoutError) and not not_sent(err.__cause__):
         return ModelTimeoutError("no response from the provider before the timeout")
     if isinstance(err, anthropic.APIConnectionError):
-        if maybe_billed or not isinstance(err.__cause__, _NOT_SENT):
-            return ModelTimeoutError(f"the connection failed after the request was sent: {err.__cause__!r}")
-        return ModelConnectionError(f"could not connect to the provider: {err.__cause__!r}")
+        if maybe_billed or not not_sent(err.__cause__):
+            return ModelTimeoutError(
+                f"the connection failed after the request was sent: {transport_detail(err.__cause__)}"
+            )
+        return ModelConnectionError(f"could not connect to the provider: {transport_detail(err.__cause__)}")
     if isinstance(err, anthropic.APIResponseValidationError):
         return RetryableModelError(
             f"the provider's response does not match the schema: {err.message}",
@@ -442,6 +476,18 @@ def _first_env(names: tuple[str, ...]) -> str | None:
     return next((os.environ[n] for n in names if os.environ.get(n)), None)
 
 
+def http_client_choice(value: str | None = None) -> HttpClient:
+    """The HTTP transport under the SDK: `value`, else `TASKLOOM_HTTP_CLIENT`, else 'aiohttp'.
+    'httpx' is the SDK's default transport (kept for a proxy or network setup only it handles)."""
+    raw = value if value is not None else os.environ.get(HTTP_CLIENT_ENV, "")
+    choice = raw.strip().lower() or "aiohttp"
+    if choice == "aiohttp":
+        return "aiohttp"
+    if choice == "httpx":
+        return "httpx"
+    raise ModelConfigError(f"{HTTP_CLIENT_ENV}={raw!r} is not an HTTP client: use 'aiohttp' (the default) or 'httpx'")
+
+
 def aws_region_for(aws_region: str | None, aws_profile: str | None) -> str:
     """The Bedrock region: the argument, `AWS_REGION` / `AWS_DEFAULT_REGION`, or the AWS profile's region
     (read from the AWS config files by boto3, no network); none -> `ModelConfigError` naming them."""
@@ -486,6 +532,7 @@ class AnthropicModel:
         project_id: str | None = None,
         region: str | None = None,
         access_token: str | None = None,
+        http_client: str | None = None,
     ) -> None:
         check_provider_options(
             provider,
@@ -511,6 +558,12 @@ class AnthropicModel:
             "_strict_response_validation": strict_validation,
             "open_telemetry": _sdk_telemetry(),
         }
+        if http_client_choice(http_client) == "aiohttp":
+            # The SDK's aiohttp transport instead of its default httpx one: a model call's CPU is
+            # about a third lower, most of all with hundreds of calls in flight (httpcore's pool
+            # scans every connection per request and per response; aiohttp's does not), and the
+            # request leaves in one write. bench/RESULTS.md, "The SDK's HTTP transport".
+            common["http_client"] = anthropic.DefaultAioHttpClient(timeout=common["timeout"])
         # Errors raised while signing or fetching a token (before anything is sent), per provider:
         # (credentials missing or refused -> ModelConfigError, could not reach the credentials source).
         self._auth_errors: tuple[type[BaseException], ...] = ()

@@ -17,6 +17,14 @@ from typing import ClassVar, Generic, Self, TypeVar
 
 from llm.types import Usage
 
+
+class _Server(ThreadingHTTPServer):
+    # The stdlib's listen backlog is 5: a fleet opening hundreds of connections at once (a wide
+    # fan-out, one connection per call in flight) overflowed it, and the kernel dropped their SYNs
+    # for the client to retry 1 s, 3 s, 7 s later. A provider's endpoint has a deep backlog.
+    request_queue_size = 1024
+
+
 ScriptT = TypeVar("ScriptT")
 RecordT = TypeVar("RecordT")
 
@@ -47,7 +55,7 @@ class LoopbackServer(Generic[ScriptT, RecordT]):
         if self._httpd is not None:
             return self
         bound = type("_BoundHandler", (self.handler,), {"fake": self})
-        httpd = ThreadingHTTPServer((self._host, self._port), bound)
+        httpd = _Server((self._host, self._port), bound)
         httpd.daemon_threads = True
         self._httpd = httpd
         self._thread = threading.Thread(

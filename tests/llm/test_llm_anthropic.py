@@ -216,10 +216,15 @@ async def test_read_timeout_maps_to_timeout_error(server: FakeAnthropicServer) -
     assert server.billed.total > 0
 
 
-async def test_dropped_connection_counts_as_maybe_spent(server: FakeAnthropicServer) -> None:
-    """A connection closed after the request was sent is an unknown outcome: ModelTimeoutError."""
+TRANSPORTS = ("aiohttp", "httpx")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_dropped_connection_counts_as_maybe_spent(server: FakeAnthropicServer, transport: str) -> None:
+    """A connection closed after the request was sent is an unknown outcome: ModelTimeoutError. Under
+    aiohttp the transport calls it a ConnectError too; the aiohttp error under it says it was sent."""
     server.enqueue(Failure(disconnect=True))
-    model = _model(server, max_retries=0)
+    model = _model(server, max_retries=0, http_client=transport)
     with pytest.raises(ModelTimeoutError, match="after the request was sent"):
         await model.complete(_request())
     await model.aclose()
@@ -242,15 +247,42 @@ def _closed_port() -> int:
     return port
 
 
-async def test_connection_refused_maps_to_connection_error() -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_connection_refused_maps_to_connection_error(transport: str) -> None:
     """Nothing listening -> ModelConnectionError, not spent (the ledger may release its reservation)."""
     model = AnthropicModel(
-        "claude-test", api_key=TEST_KEY, base_url=f"http://127.0.0.1:{_closed_port()}", max_retries=1
+        "claude-test",
+        api_key=TEST_KEY,
+        base_url=f"http://127.0.0.1:{_closed_port()}",
+        max_retries=1,
+        http_client=transport,
     )
     with pytest.raises(ModelConnectionError) as caught:
         await model.complete(_request())
     await model.aclose()
     assert not caught.value.maybe_spent and caught.value.retryable
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_either_transport_completes_a_call(server: FakeAnthropicServer, transport: str) -> None:
+    """Both HTTP transports under the SDK carry a call and its usage (aiohttp is the default)."""
+    server.enqueue(text_reply("over aiohttp or httpx"))
+    model = _model(server, http_client=transport)
+    result = await model.complete(_request())
+    await model.aclose()
+    assert result.text == "over aiohttp or httpx" and result.usage.output_tokens > 0
+
+
+def test_unknown_http_client_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TASKLOOM_HTTP_CLIENT", "requests")
+    with pytest.raises(ModelConfigError, match="TASKLOOM_HTTP_CLIENT='requests'"):
+        AnthropicModel("claude-test", api_key=TEST_KEY, base_url="http://127.0.0.1:9")
+    monkeypatch.setenv("TASKLOOM_HTTP_CLIENT", "httpx")
+    model = AnthropicModel("claude-test", api_key=TEST_KEY, base_url="http://127.0.0.1:9")
+    assert not isinstance(model._client._client, anthropic.DefaultAioHttpClient)
+    monkeypatch.delenv("TASKLOOM_HTTP_CLIENT")
+    model = AnthropicModel("claude-test", api_key=TEST_KEY, base_url="http://127.0.0.1:9")
+    assert isinstance(model._client._client, anthropic.DefaultAioHttpClient)
 
 
 async def test_malformed_body_is_an_error_not_a_crash(server: FakeAnthropicServer, model: AnthropicModel) -> None:
