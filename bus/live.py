@@ -9,8 +9,9 @@ The writer's side (`LivePublisher`, one per worker process; `LiveCall`, one per 
 `llm.port.TextSink`: the adapter hands it each delta synchronously; it only buffers. A batch goes
 out when `flush_due` says so (`Batching`: at most one message per `interval`, or sooner once
 `max_chars` are waiting), as one PUBLISH, sent in order by a chain of tasks so the model's read loop
-never waits for Redis. Nobody listening costs no PUBLISH: `PUBSUB NUMSUB` is asked at most once per
-`listener_ttl` per goal and process, and while the answer is fresh "nobody", a batch is only counted.
+never waits for Redis. Nobody listening costs no PUBLISH: `PUBSUB CHANNELS` (which of the fleet's
+live channels have a subscriber, for every goal at once) is asked at most once per `listener_ttl`
+per process, and while the answer is fresh "nobody", a batch is only counted.
 
 Frames (JSON): `{"type": "text", goal, task, attempt, step, offset, text}`, and `{"type":
 "restart", goal, task, attempt, step}` when a step may be written again from its first word (a new
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.asyncio import Redis
 
 from .keys import Keys
+from .replies import as_str
 
 log = structlog.get_logger("taskloom.live")
 
@@ -69,15 +71,22 @@ class LiveFrame(BaseModel):
 
 
 # How long "nobody watches this goal" is believed: a watcher who opens the page (or the SSE stream)
-# right after a call of the goal asked is noticed by the calls that start this much later. Short,
-# because a call made unstreamed stays so to its end; a check is one PUBSUB NUMSUB, made only as a
-# call starts (concurrent calls of a goal share it), so a fleet nobody watches pays at most this.
+# right after a call asked is noticed by the calls that start this much later. Short, because a call
+# made unstreamed stays so to its end. The question is one `PUBSUB CHANNELS` for every goal at once
+# (which of the fleet's live channels have a subscriber), asked only as a call starts and shared by
+# the process's calls: a process nobody watches pays at most one round trip per this many seconds,
+# however many goals it runs (a question per goal cost a wide fan-out a round trip per call).
 LISTENER_TTL_S = 0.25
 
 
+def _glob_escaped(text: str) -> str:
+    """`text` matched literally by a Redis glob pattern (a key prefix may hold `*`, `?`, `[` or `\\`)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
 class LivePublisher:
-    """The process's writer of live text: hands out a `LiveCall` per model call, and remembers per
-    goal, for `listener_ttl` seconds, whether anyone listens."""
+    """The process's writer of live text: hands out a `LiveCall` per model call, and remembers, for
+    `listener_ttl` seconds, which goals anyone listens to."""
 
     def __init__(
         self,
@@ -92,8 +101,12 @@ class LivePublisher:
         self.batching = batching or Batching()
         self.listener_ttl = listener_ttl
         self.clock = clock
-        self._listeners: dict[str, tuple[float, bool]] = {}  # goal -> (checked at, anyone listening)
-        self._checks: dict[str, asyncio.Future[bool]] = {}  # a NUMSUB in flight, shared by the goal's calls
+        # goal -> (learnt at, anyone listening), from the replies of this process's PUBLISHes
+        self._listeners: dict[str, tuple[float, bool]] = {}
+        # (asked at, the goals whose channel had a subscriber then), from the last PUBSUB CHANNELS
+        self._watched: tuple[float, frozenset[str]] | None = None
+        self._check: asyncio.Future[tuple[float, frozenset[str]]] | None = None  # the question in flight
+        self._channel_prefix = keys.live("")
 
     async def sink(
         self, goal_id: str, task_id: str, attempt: int, step: int, *, restart: bool = False
@@ -118,35 +131,52 @@ class LivePublisher:
             live.restart()
         return live
 
+    def _known(self, goal_id: str, now: float) -> bool | None:
+        """Whether anyone listens to the goal, as last learnt and still believed; None: ask again.
+        The newer of a PUBLISH's reply and the last snapshot wins. "Someone" (a PUBLISH reached a
+        listener) is believed 30 x longer than "nobody": a watcher who left costs one PUBLISH, whose
+        reply ("0 received") corrects it."""
+        seen, snap, ttl = self._listeners.get(goal_id), self._watched, self.listener_ttl
+        if seen is not None and (snap is None or seen[0] >= snap[0]):
+            if now - seen[0] < (ttl * 30 if seen[1] else ttl):
+                return seen[1]
+        if snap is not None and now - snap[0] < ttl:
+            return goal_id in snap[1]
+        if seen is not None and seen[1] and now - seen[0] < ttl * 30:
+            return True
+        return None
+
     def silent(self, goal_id: str) -> bool:
         """True while the last check (younger than `listener_ttl`) found nobody listening."""
-        seen = self._listeners.get(goal_id)
-        return seen is not None and not seen[1] and self.clock() - seen[0] < self.listener_ttl
+        return self._known(goal_id, self.clock()) is False
 
     async def listening(self, goal_id: str) -> bool:
-        """Whether anyone listens to the goal's channel: `PUBSUB NUMSUB`, asked at most once per
-        `listener_ttl` while the answer is "nobody" (concurrent calls of one goal share the question
-        in flight), and kept fresh by the replies of the PUBLISHes while it is "someone"."""
-        seen = self._listeners.get(goal_id)
-        # "Nobody" is trusted for `listener_ttl` (a new watcher is noticed within it); "someone" for
-        # longer: a watcher who left costs one PUBLISH, whose reply ("0 received") corrects it.
-        if seen is not None and self.clock() - seen[0] < (self.listener_ttl * 30 if seen[1] else self.listener_ttl):
-            return seen[1]
-        pending = self._checks.get(goal_id)
-        if pending is None:
-            pending = asyncio.ensure_future(self._numsub(goal_id))
-            self._checks[goal_id] = pending
-            pending.add_done_callback(lambda _: self._checks.pop(goal_id, None))
-        return await asyncio.shield(pending)
+        """Whether anyone listens to the goal's channel: known, else one `PUBSUB CHANNELS` of the
+        fleet's live channels, shared by every call of this process that asks while it is in flight."""
+        known = self._known(goal_id, self.clock())
+        if known is not None:
+            return known
+        if self._check is None:
+            check = asyncio.ensure_future(self._channels())
+            self._check = check
 
-    async def _numsub(self, goal_id: str) -> bool:
-        reply = await self.redis.pubsub_numsub(self.keys.live(goal_id))
-        anyone = bool(reply) and int(reply[0][1]) > 0
-        now = self.clock()
-        if len(self._listeners) > 1024:  # forget goals not asked about lately
-            self._listeners = {g: v for g, v in self._listeners.items() if now - v[0] < self.listener_ttl}
-        self._listeners[goal_id] = (now, anyone)
-        return anyone
+            def done(_: object) -> None:
+                if self._check is check:
+                    self._check = None
+
+            check.add_done_callback(done)
+        _, watched = await asyncio.shield(self._check)
+        return goal_id in watched
+
+    async def _channels(self) -> tuple[float, frozenset[str]]:
+        asked = self.clock()
+        reply = await self.redis.pubsub_channels(_glob_escaped(self._channel_prefix) + "*")
+        n = len(self._channel_prefix)
+        snap = (asked, frozenset(as_str(c)[n:] for c in reply))
+        if len(self._listeners) > 1024:  # forget goals not heard of lately
+            self._listeners = {g: v for g, v in self._listeners.items() if asked - v[0] < self.listener_ttl * 30}
+        self._watched = snap
+        return snap
 
     async def send(self, goal_id: str, frame: dict[str, Any]) -> None:
         """PUBLISH `frame` if anyone listens. Never raises: live text is a courtesy to watchers, and

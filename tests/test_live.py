@@ -111,9 +111,41 @@ async def test_nobody_listening_publishes_nothing_and_asks_once_per_ttl(redis: A
 
 
 async def _numsub_calls(redis: ArqRedis) -> int:
-    """PUBSUB calls (Redis 7 counts `pubsub|numsub`, 6.2 all PUBSUB subcommands as `pubsub`)."""
+    """PUBSUB calls, the listener checks (Redis 7 counts `pubsub|channels`, 6.2 all PUBSUB
+    subcommands as `pubsub`)."""
     stats = await redis.info("commandstats")
-    return sum(int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_pubsub|numsub", "cmdstat_pubsub"))
+    names = ("cmdstat_pubsub|channels", "cmdstat_pubsub|numsub", "cmdstat_pubsub")
+    return sum(int(stats.get(name, {}).get("calls", 0)) for name in names)
+
+
+async def test_one_check_answers_for_every_goal_of_the_process(redis: ArqRedis, keys: Keys) -> None:
+    """200 calls of 200 goals starting together ask Redis once, and each learns whether its own
+    goal is watched; after the TTL, the next call asks again and sees a watcher who came since."""
+    now = [0.0]
+    publisher = LivePublisher(redis, keys, listener_ttl=0.25, clock=lambda: now[0])
+    before = await _numsub_calls(redis)
+    async with Subscription(redis, keys, "g7"):
+        answers = await asyncio.gather(*(publisher.listening(f"g{i}") for i in range(200)))
+        assert [i for i, a in enumerate(answers) if a] == [7]
+        assert await _numsub_calls(redis) - before == 1
+        assert not await publisher.listening("g8") and await _numsub_calls(redis) - before == 1
+        async with Subscription(redis, keys, "g8"):
+            assert not await publisher.listening("g8")  # "nobody" is believed for the TTL
+            now[0] = 0.3
+            assert await publisher.listening("g8")
+            assert await _numsub_calls(redis) - before == 2
+
+
+async def test_a_prefix_with_glob_characters_matches_only_its_own_channels(redis: ArqRedis, keys: Keys) -> None:
+    """The channel pattern escapes the key prefix: `*` in it is no wildcard, so another deployment's
+    channels that the unescaped pattern would match do not count as this one's watchers."""
+    odd = Keys(prefix=f"{keys.prefix}a*b:")
+    other = Keys(prefix=f"{keys.prefix}aXb:")
+    publisher = LivePublisher(redis, odd, listener_ttl=0)
+    async with Subscription(redis, other, "g1"):
+        assert not await publisher.listening("g1")
+    async with Subscription(redis, odd, "g1"):
+        assert await publisher.listening("g1")
 
 
 def _text(task: str, offset: int, text: str, attempt: int = 1, step: int = 0) -> LiveFrame:
