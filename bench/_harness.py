@@ -62,6 +62,8 @@ def fake_worker_settings(redis_url: str, base_url: str, prefix: str) -> Settings
         ANTHROPIC_API_KEY=FAKE_KEY,
         ANTHROPIC_BASE_URL=base_url,
     )
+    if os.environ.get("BENCH_HTTP_CLIENT"):  # as worker_env passes it to the measured workers
+        os.environ["TASKLOOM_HTTP_CLIENT"] = os.environ["BENCH_HTTP_CLIENT"]
     return load_settings()
 
 # -- numbers --------------------------------------------------------------------------------------
@@ -322,6 +324,10 @@ def worker_env(bench: Bench, *, poll_delay: float, base_url: str, **extra: str) 
         PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         PYTHONUNBUFFERED="1",
     )
+    # The HTTP transport under the model SDK (TASKLOOM_HTTP_CLIENT): `BENCH_HTTP_CLIENT=httpx`
+    # measures the SDK's own default against taskloom's (aiohttp); bench.floor follows it too.
+    if os.environ.get("BENCH_HTTP_CLIENT"):
+        env["TASKLOOM_HTTP_CLIENT"] = os.environ["BENCH_HTTP_CLIENT"]
     env.update(extra)
     return env
 

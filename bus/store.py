@@ -29,7 +29,7 @@ from llm.types import ModelResponse
 from . import events as ev
 from .batch import ScriptCall, run_scripts
 from .keys import Keys
-from .memo import Memo, hand_over_goal, is_handed_over, take_handed_over
+from .memo import Memo, hand_over_goal, is_handed_over, take_handed_over, take_handed_over_with_task
 from .replies import as_str
 from .schemas import (
     GOAL_RESUMABLE,
@@ -151,7 +151,11 @@ class Store:
             if field is not None:
                 pipe.hget(self.keys.results(goal_id), field)
 
-        goal, replies = await self._goal_with(goal_id, reads)
+        held = take_handed_over_with_task(goal_id, task_id) if field is None else None
+        if held is not None:  # the job wrapper read both an instant ago, in one round trip
+            goal, replies = held[0], [held[1]]
+        else:
+            goal, replies = await self._goal_with(goal_id, reads)
         task_raw = replies[0]
         if isinstance(task_raw, ResponseError):
             raise corrupt("task", task_key, task_raw)
@@ -244,24 +248,39 @@ class Store:
         )
         return transition_outcome(out, f"goal {goal_id}", target.value)
 
-    async def expire_if_late(self, goal_id: str, now: datetime | None = None, *, hand_over: bool = False) -> bool:
+    async def expire_if_late(
+        self, goal_id: str, now: datetime | None = None, *, hand_over: bool = False, task_id: str | None = None
+    ) -> bool:
         """Fail a goal whose own deadline (`Goal.deadline`) has passed. True if this call failed it.
 
         Every job checks this before its handler runs, so a late goal stops at its next hop; an
         executor also stops an attempt at the deadline between steps. `hand_over` (the job wrapper):
-        a goal record read here serves the next `get_goal` of the same task, if it comes at once.
+        a goal record read here serves the next `get_goal` of the same task, if it comes at once;
+        `task_id`: the job's handler reads that task with its goal first thing (`get_goal_and_task`),
+        so it is read here too, in the same round trip, and handed over with the goal.
         """
         if goal_id in self._deadlines:  # known without a read: a goal's deadline never changes
             known = self._deadlines[goal_id]
             if known is None or (now or utcnow()) <= known:
                 return False
-        goal = await self.get_goal(goal_id)
+        task: tuple[str, Any] | None = None
+        if hand_over and task_id is not None:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(self.keys.goal(goal_id))
+                pipe.hgetall(self._task_key(goal_id, task_id))
+                goal_raw, task_raw = await pipe.execute(raise_on_error=False)
+            if isinstance(goal_raw, ResponseError):
+                raise corrupt("goal", self.keys.goal(goal_id), goal_raw)
+            goal = self._goal_record(goal_id, goal_raw)
+            task = (task_id, task_raw)  # checked where it is used, as a read of its own would be
+        else:
+            goal = await self.get_goal(goal_id)
         deadline = goal.goal.deadline
         if deadline is None or goal.terminal or (now or utcnow()) <= deadline:
             if hand_over:
                 # Every handler reads its goal first thing: it gets this record (read an instant
                 # ago, in the same job) instead of a second read.
-                hand_over_goal(goal)
+                hand_over_goal(goal, task)
             return False
         try:
             return await self.transition_goal(

@@ -178,7 +178,10 @@ def _job_function(role: str, name: str, handler: Handler) -> Function:
             holder = asyncio.create_task(hold_job(ctx, ctx["runtime"].limits.lease_ttl, ctx["runtime"].renewer()))
             try:
                 goal_id = getattr(payload, "goal_id", None)
-                if goal_id is not None and await ctx["runtime"].store.expire_if_late(goal_id, hand_over=True):
+                # An execute job reads its goal and task first thing: both go in the deadline's read.
+                task_id = getattr(payload, "task_id", None) if name == "execute" else None
+                store = ctx["runtime"].store
+                if goal_id is not None and await store.expire_if_late(goal_id, hand_over=True, task_id=task_id):
                     log.warning("goal.deadline_passed", function=name)  # the handler then finds it ended
                 await handler(ctx["runtime"], payload)
             except TenantBusy as busy:

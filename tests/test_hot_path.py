@@ -77,6 +77,27 @@ async def test_a_goal_read_is_handed_over_once_and_only_in_time(redis: ArqRedis,
     assert (await store.get_goal("g2")).state is GoalState.RUNNING
 
 
+async def test_the_wrapper_reads_an_execute_jobs_task_with_its_goal_in_one_round_trip(
+    redis: ArqRedis, keys: Keys
+) -> None:
+    """`expire_if_late(..., task_id=)` reads the goal and the task together; the handler's
+    `get_goal_and_task` of that task then reads nothing (it sees the task as it was then). Another
+    task is read from Redis; the hand-over serves once."""
+    store = Store(redis, keys)
+    await store.create_goal(GoalRecord(id="g5", goal=Goal(text="x"), budget_tokens=10))
+    plan = Plan(tasks=[TaskSpec(id=t, title=t, instructions="do", definition_of_done="done") for t in ("a", "b")])
+    await store.save_plan("g5", plan, expected_version=0)
+    assert not await store.expire_if_late("g5", hand_over=True, task_id="a")
+    await store.transition_task("g5", "a", TaskState.READY)  # after the read: the handler gets the read
+    goal, task, _ = await store.get_goal_and_task("g5", "a")
+    assert goal.id == "g5" and task.state is TaskState.PENDING
+    _, again, _ = await store.get_goal_and_task("g5", "a")  # once only: then from Redis
+    assert again.state is TaskState.READY
+    assert not await store.expire_if_late("g5", hand_over=True, task_id="a")
+    _, other, _ = await store.get_goal_and_task("g5", "b")
+    assert other.task_id == "b"
+
+
 async def test_a_remembered_deadline_still_fails_a_late_goal(redis: ArqRedis, keys: Keys) -> None:
     store = Store(redis, keys)
     soon = utcnow() + timedelta(seconds=30)
