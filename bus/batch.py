@@ -42,11 +42,24 @@ async def run_scripts(redis: Redis, calls: Sequence[ScriptCall], *, extra: Seque
 
     `extra`: plain commands (e.g. `("XADD", key, ...)`) sent after the calls in the same round trip;
     their replies are not returned, an error of theirs is raised."""
-    if not calls and not extra:
-        return []
+    replies, _ = await run_scripts_and_reads(redis, calls, (), extra=extra)
+    return replies
+
+
+async def run_scripts_and_reads(
+    redis: Redis, calls: Sequence[ScriptCall], reads: Sequence[Sequence[Any]], *, extra: Sequence[Sequence[Any]] = ()
+) -> tuple[list[Any], list[Any]]:
+    """`run_scripts`, and the plain read commands `reads` (e.g. `("GET", key)`) in the same round
+    trip, after the calls: returns the calls' replies and the reads' (an error reply returned, not
+    raised). A read is not sent again when a script the server lost is loaded and re-run."""
+    if not calls and not extra and not reads:
+        return [], []
     policy = durability.policy_of(redis)
     wait = [("WAIT", policy.replicas, policy.timeout_ms)] if policy.replicas and any(c.guarded for c in calls) else []
-    replies = await _send(redis, calls, [*extra, *wait])
+    sent = await _send(redis, calls, [*reads, *extra, *wait])
+    n = len(calls)
+    read_replies = sent[n : n + len(reads)]
+    replies = [*sent[:n], *sent[n + len(reads) :]]
     acked = replies[-1] if wait else None
     lost = [i for i, r in enumerate(replies[: len(calls)]) if isinstance(r, NoScriptError)]
     if lost:
@@ -63,7 +76,7 @@ async def run_scripts(redis: Redis, calls: Sequence[ScriptCall], *, extra: Seque
     if wait and isinstance(acked, int) and acked < policy.replicas:
         what = ", ".join(sorted({c.guarded for c in calls if c.guarded}))
         raise durability.NotReplicated(what, acked, policy.replicas, policy.timeout)
-    return replies[: len(calls)]
+    return replies[: len(calls)], read_replies
 
 
 async def _send(redis: Redis, calls: Sequence[ScriptCall], extra: Sequence[Sequence[Any]]) -> list[Any]:

@@ -444,6 +444,22 @@ class Store:
         self._plans.put((goal_id, version), plan)
         return plan
 
+    def plan_read(self, goal_id: str, version: int) -> tuple[str, str] | None:
+        """The command that reads plan `version` of the goal, to send in a round trip the caller
+        makes anyway (then `remember_plan` its reply); None when the plan is known already."""
+        if not version or (goal_id, version) in self._plans:
+            return None
+        return ("GET", self.keys.plan(goal_id, version))
+
+    def remember_plan(self, goal_id: str, version: int, raw: Any) -> None:
+        """Keep the reply of `plan_read` for `get_plan`. A missing or damaged plan is not kept:
+        `get_plan` reads it again and raises the error that names it."""
+        if isinstance(raw, (bytes, str)):
+            try:
+                self._plans.put((goal_id, version), plan_from_json(self.keys.plan(goal_id, version), raw))
+            except CorruptRecord:
+                pass
+
     # -- tasks --------------------------------------------------------------------------------
     async def get_task(self, goal_id: str, task_id: str) -> TaskRecord:
         raw = await self.redis.hgetall(self._task_key(goal_id, task_id))  # type: ignore[misc]

@@ -16,7 +16,7 @@ import structlog
 
 from bus.approvals import ApprovalBook
 from bus.attempts import AttemptStore, LeaseLost, Pending, claim_expired, drop_lease, now_ms
-from bus.batch import run_scripts
+from bus.batch import run_scripts_and_reads
 from bus.effects import SideEffects
 from bus.jobs import ExecuteJob, ReviewJob
 from bus.observe import observe
@@ -221,7 +221,13 @@ async def _start(
         return None
     if task.state in STARTABLE:
         move = rt.store.task_move(job.goal_id, job.task_id, TaskState.RUNNING, expected_attempt=job.attempt)
-        moved, leased = await run_scripts(rt.redis, [move.call, store.acquire_call(holder, rt.limits.lease_ttl)])
+        # The attempt's plan (read next, by `_task_input`) comes in the same round trip.
+        read = rt.store.plan_read(job.goal_id, task.plan_version)
+        (moved, leased), plan = await run_scripts_and_reads(
+            rt.redis, [move.call, store.acquire_call(holder, rt.limits.lease_ttl)], [read] if read else []
+        )
+        if plan:
+            rt.store.remember_plan(job.goal_id, task.plan_version, plan[0])
         try:
             rt.store.move_outcome(move, moved)
         except (IllegalTransition, StaleWrite) as exc:

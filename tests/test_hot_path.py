@@ -12,11 +12,12 @@ from arq.jobs import Job, JobStatus
 from redis.exceptions import ResponseError
 
 from bus.attempts import AttemptStore, StepRecord
+from bus.batch import run_scripts_and_reads
 from bus.jobs import ExecuteJob, Jobs, PlanJob
 from bus.keys import Keys
 from bus.ledger import Ledger
 from bus.schemas import Goal, GoalRecord, GoalState, Plan, TaskSpec, TaskState, utcnow
-from bus.store import IllegalTransition, Store
+from bus.store import CorruptRecord, IllegalTransition, Store
 from llm.types import Message, ModelResponse, TextBlock, Usage
 
 
@@ -96,6 +97,29 @@ async def test_the_wrapper_reads_an_execute_jobs_task_with_its_goal_in_one_round
     assert not await store.expire_if_late("g5", hand_over=True, task_id="a")
     _, other, _ = await store.get_goal_and_task("g5", "b")
     assert other.task_id == "b"
+
+
+async def test_a_plan_read_in_another_round_trip_serves_get_plan_and_a_damaged_one_is_reported(
+    redis: ArqRedis, keys: Keys
+) -> None:
+    """`plan_read` rides along the move to running (`run_scripts_and_reads`); its reply, once
+    remembered, is what `get_plan` returns. A damaged plan is not kept: `get_plan` names it."""
+    store = Store(redis, keys)
+    await store.create_goal(GoalRecord(id="g6", goal=Goal(text="x"), budget_tokens=10))
+    plan = Plan(tasks=[TaskSpec(id="a", title="a", instructions="do", definition_of_done="done")])
+    await store.save_plan("g6", plan, expected_version=0)
+    read = store.plan_read("g6", 1)
+    assert read == ("GET", keys.plan("g6", 1))
+    _, (raw,) = await run_scripts_and_reads(redis, [], [read])
+    store.remember_plan("g6", 1, raw)
+    assert store.plan_read("g6", 1) is None  # known now: nothing to read
+    await redis.set(keys.plan("g6", 1), "{not json")
+    assert [t.id for t in (await store.get_plan("g6", 1)).plan.tasks] == ["a"]  # the remembered read
+    fresh = Store(redis, keys)
+    _, (damaged,) = await run_scripts_and_reads(redis, [], [fresh.plan_read("g6", 1) or ()])
+    fresh.remember_plan("g6", 1, damaged)
+    with pytest.raises(CorruptRecord, match="plan"):
+        await fresh.get_plan("g6", 1)
 
 
 async def test_a_remembered_deadline_still_fails_a_late_goal(redis: ArqRedis, keys: Keys) -> None:
