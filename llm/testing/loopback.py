@@ -8,12 +8,13 @@ A subclass sets `handler` (its `BaseHTTPRequestHandler`, which reaches the serve
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import ClassVar, Generic, Self, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from llm.types import Usage
 
@@ -23,6 +24,13 @@ class _Server(ThreadingHTTPServer):
     # fan-out, one connection per call in flight) overflowed it, and the kernel dropped their SYNs
     # for the client to retry 1 s, 3 s, 7 s later. A provider's endpoint has a deep backlog.
     request_queue_size = 1024
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away mid-request (a worker stopped with calls in flight) is not the
+        # fake's error: the stdlib would print a traceback for each such connection.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 ScriptT = TypeVar("ScriptT")
