@@ -265,13 +265,8 @@ class Store:
                 return False
         task: tuple[str, Any] | None = None
         if hand_over and task_id is not None:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hgetall(self.keys.goal(goal_id))
-                pipe.hgetall(self._task_key(goal_id, task_id))
-                goal_raw, task_raw = await pipe.execute(raise_on_error=False)
-            if isinstance(goal_raw, ResponseError):
-                raise corrupt("goal", self.keys.goal(goal_id), goal_raw)
-            goal = self._goal_record(goal_id, goal_raw)
+            task_key = self._task_key(goal_id, task_id)
+            goal, (task_raw,) = await self._goal_with(goal_id, lambda pipe: pipe.hgetall(task_key))
             task = (task_id, task_raw)  # checked where it is used, as a read of its own would be
         else:
             goal = await self.get_goal(goal_id)
