@@ -328,6 +328,12 @@ def worker_env(bench: Bench, *, poll_delay: float, base_url: str, **extra: str) 
     # measures the SDK's own default against taskloom's (aiohttp); bench.floor follows it too.
     if os.environ.get("BENCH_HTTP_CLIENT"):
         env["TASKLOOM_HTTP_CLIENT"] = os.environ["BENCH_HTTP_CLIENT"]
+    # `BENCH_GC_THRESHOLD=0` runs the workers with Python's own collector thresholds (TASKLOOM_GC_THRESHOLD),
+    # for A/B runs; `BENCH_GC_PROBE=DIR` records every collection of theirs (bench/gcprobe).
+    if os.environ.get("BENCH_GC_THRESHOLD"):
+        env["TASKLOOM_GC_THRESHOLD"] = os.environ["BENCH_GC_THRESHOLD"]
+    if os.environ.get("BENCH_GC_PROBE"):
+        env["PYTHONPATH"] = os.pathsep.join((str(REPO / "bench" / "gcprobe"), env["PYTHONPATH"]))
     env.update(extra)
     return env
 

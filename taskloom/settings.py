@@ -88,6 +88,10 @@ class Settings(Limits, BaseSettings):
     job_timeout: float = Field(default=600, gt=0)
     # A SIGTERM lets running jobs finish for this long before they are cancelled (and re-run elsewhere).
     shutdown_grace: float = Field(default=20, ge=0)
+    # While a fleet runs, the cyclic garbage collector's first generation is collected after this
+    # many new container objects instead of Python's 700 (taskloom.workers._run_fleet says why);
+    # 0 keeps Python's own thresholds.
+    gc_threshold: int = Field(default=50_000, ge=0, le=10_000_000, description="objects between young collections")
     # The supervisor (in every planner worker) re-drives a goal or task that has had no live driver
     # (queued job, running job, live lease, approval wait) for this long; see docs/internals.md.
     reconcile_after: float = Field(default=20, gt=0, le=3600)

@@ -545,6 +545,16 @@ async def _run_fleet(
     # in (~190,000 objects), each full collection under load paused the worker, and every job in
     # flight, for 100-250 ms; frozen, 4-5 ms (bench/RESULTS.md).
     gc.freeze()
+    # The young generation is collected every `gc_threshold` new container objects, not Python's
+    # 700. Whatever a job still holds at a young collection moves to an older generation and is
+    # scanned again at each collection of that one: with many jobs in flight, much is still held,
+    # so the older collections ran again and again, full ones scanning all the work in flight. In
+    # the benchmarks (bench/RESULTS.md) the collector's CPU fell by 40-60%, with fewer long pauses:
+    # a young collection now takes up to 20-60 ms, a full one (150-400 ms) is rarer. The cost is
+    # garbage cycles living a little longer.
+    thresholds = gc.get_threshold()
+    if settings.gc_threshold:
+        gc.set_threshold(settings.gc_threshold, *thresholds[1:])
     try:
         mains = [asyncio.create_task(w.main(), name=f"arq-{r}") for w, r in zip(workers, roles, strict=True)]
         side = _background(runtime, settings, redis, roles, instance, burst, with_metrics=metrics_server is not None)
@@ -555,6 +565,7 @@ async def _run_fleet(
             await asyncio.wait([*mains, stopper], return_when=asyncio.FIRST_COMPLETED)
         await _shutdown(workers, mains, [*side, stopper], settings.shutdown_grace)
     finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()  # the fleet is done: what it held may be collected again (tests run many fleets)
     await fleet.clear_health_checks(redis, runtime.keys, roles)
     if not burst:

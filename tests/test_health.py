@@ -10,6 +10,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
 from arq.connections import ArqRedis
 from helpers import TASKLOOM, eventually, run_cli
 
@@ -93,17 +94,25 @@ async def test_local_only_counts_this_hosts_workers(redis: ArqRedis, keys: Keys)
     assert not local.ok and local.reasons == [f"no live executor worker on host {socket.gethostname()}"]
 
 
-async def test_a_running_fleet_keeps_its_startup_objects_out_of_the_collector(settings: Settings) -> None:
+@pytest.mark.parametrize("threshold", [50_000, 0])
+async def test_a_running_fleet_keeps_its_startup_objects_out_of_the_collector(
+    settings: Settings, threshold: int
+) -> None:
     """While a fleet runs, what it built at startup is frozen (a full collection does not scan
-    it, so it does not pause the jobs for long); once stopped, it is collectable again."""
+    it, so it does not pause the jobs for long) and the young generation is collected every
+    `gc_threshold` new objects (0: Python's own thresholds stay); once stopped, both are undone."""
     assert gc.get_freeze_count() == 0
+    before = gc.get_threshold()
     stop = asyncio.Event()
-    task = asyncio.create_task(run_workers(["critic"], settings, stop=stop))
+    configured = settings.model_copy(update={"gc_threshold": threshold})
+    task = asyncio.create_task(run_workers(["critic"], configured, stop=stop))
 
     async def frozen() -> bool:
         return gc.get_freeze_count() > 0
 
     await eventually(frozen, timeout=10)
+    assert gc.get_threshold() == ((threshold, *before[1:]) if threshold else before)
     stop.set()
     await asyncio.wait_for(task, 15)
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before
