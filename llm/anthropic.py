@@ -41,6 +41,7 @@ from typing import Any, Literal, TypeAlias
 import aiohttp
 import anthropic
 import httpx2
+import pydantic
 from anthropic._request import APIRequest
 from anthropic._response import AsyncAPIResponse
 
@@ -665,7 +666,7 @@ class AnthropicModel:
         token = _ATTEMPTS.set(attempts)
         try:
             if on_text is None:
-                message = await self._client.messages.create(**params)
+                message = await self._plain(params)
             else:
                 message = await self._streamed(params, on_text)
         except anthropic.AnthropicError as err:
@@ -681,6 +682,19 @@ class AnthropicModel:
         response = to_response(message, names, self.model, attempts.request_id)
         info = attempts.rate_limit()
         return response if info is None else response.model_copy(update={"rate_limit": info})
+
+    async def _plain(self, params: dict[str, Any]) -> anthropic.types.Message:
+        """The call without streaming. Its reply is validated into the SDK's `Message` in one pass of
+        pydantic's core: the SDK's own parse builds it field by field in Python (`construct_type`),
+        about a fifth of a call's CPU. The request still goes through the SDK (its retries, headers,
+        and our attempt recorder). A reply this SDK's types do not describe (a block type newer than
+        it) falls back to the SDK's parse, which keeps what it can, as before."""
+        raw = await self._client.messages.with_raw_response.create(**params)
+        try:
+            return anthropic.types.Message.model_validate_json(await raw.read())
+        except pydantic.ValidationError:
+            parsed: anthropic.types.Message = await raw.parse()
+            return parsed
 
     async def _streamed(self, params: dict[str, Any], on_text: TextSink) -> anthropic.types.Message:
         """The call over the streaming API: each text delta goes to `on_text` as it arrives, and the

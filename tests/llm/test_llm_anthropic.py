@@ -25,7 +25,7 @@ from llm import (
     ToolUseBlock,
     Usage,
 )
-from llm.anthropic import AnthropicModel, count_cache_markers
+from llm.anthropic import AnthropicModel, build_params, count_cache_markers, tool_name_map
 from llm.pairing import check_tool_pairing
 from llm.testing import (
     Failure,
@@ -291,6 +291,34 @@ async def test_malformed_body_is_an_error_not_a_crash(server: FakeAnthropicServe
     with pytest.raises((RetryableModelError, TerminalModelError)) as caught:
         await model.complete(_request())
     assert caught.value.maybe_spent
+
+
+async def test_a_reply_is_validated_and_matches_the_sdks_own_parse(
+    server: FakeAnthropicServer, model: AnthropicModel
+) -> None:
+    """The reply is read raw and validated in one pass (not the SDK's field-by-field parse): the
+    response is the one the SDK's own `Message` gives, tool call, usage and request id included."""
+    reply = tool_reply([("svc.order.lookup", {"order_id": "A100"})], text="Looking it up.")
+    server.enqueue(reply, reply)
+    request = _request()
+    ours = await model.complete(request)
+    wire = await model._client.messages.create(**build_params(request, "claude-test", tool_name_map(request)))
+    assert [type(b) for b in ours.content] == [TextBlock, ToolUseBlock]
+    assert isinstance(ours.content[1], ToolUseBlock)
+    assert ours.content[1].name == "svc.order.lookup" and ours.content[1].input == {"order_id": "A100"}
+    assert ours.usage.input_tokens == wire.usage.input_tokens > 0
+    assert ours.usage.output_tokens == wire.usage.output_tokens > 0
+    assert ours.request_id == server.requests[0].request_id
+
+
+async def test_a_block_type_newer_than_the_sdk_is_skipped_not_an_error(server: FakeAnthropicServer) -> None:
+    """A reply with a content block this SDK's types do not know still gives its other blocks (the
+    SDK's lenient parse, as before), rather than failing the call as unparseable."""
+    server.enqueue(Reply(content=[{"type": "hologram", "frames": 3}, {"type": "text", "text": "Refundable."}]))
+    model = _model(server)  # as deployed: without the SDK's strict validation, which tests turn on
+    response = await model.complete(_request())
+    await model.aclose()
+    assert response.content == [TextBlock(text="Refundable.")]
 
 
 def test_missing_key_names_the_variable() -> None:
