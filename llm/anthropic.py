@@ -724,6 +724,19 @@ class AnthropicModel:
         await self._client.close()
 
 
+def end_of_life(model: str) -> str | None:
+    """The date the installed SDK says Anthropic retires `model` (e.g. "November 30th, 2026"), or None.
+
+    The SDK warns with a `DeprecationWarning` on each call of such a model, which Python hides in a
+    library; a worker logs it once at start-up instead (`model.deprecated`). The table is the SDK's
+    own and not public API: when a version of the SDK lacks it, nothing is reported."""
+    import anthropic.resources.messages.messages as sdk_messages
+
+    table = getattr(sdk_messages, "DEPRECATED_MODELS", None)
+    date = table.get(model) if isinstance(table, Mapping) else None
+    return str(date) if date else None
+
+
 def _sdk_telemetry() -> Literal[False] | None:
     """The SDK's own OpenTelemetry spans: off unless `ANTHROPIC_OPEN_TELEMETRY=true` asks for them.
 

@@ -28,6 +28,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from bus.metered import ModelRoute
@@ -36,6 +37,8 @@ from bus.ratelimit import RateLimit
 from llm.errors import ModelConfigError
 from llm.port import ModelPort
 from llm.providers import ModelConfig, build_model, shorthand
+
+log = structlog.get_logger("taskloom.models")
 
 ALIAS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,127}$"
 ROLES = ("planner", "executor", "critic")
@@ -190,6 +193,19 @@ def make_builder(
 ) -> Callable[[ModelConfig, bool], ModelPort]:
     def build(config: ModelConfig, in_chain: bool) -> ModelPort:
         retries = 0 if in_chain and config.max_retries is None else max_retries
-        return build_model(config, max_retries=retries, timeout=timeout, demo_latency=demo_latency)
+        model = build_model(config, max_retries=retries, timeout=timeout, demo_latency=demo_latency)
+        if config.provider == "anthropic":
+            from llm.anthropic import end_of_life  # as build_model: the SDK only when a route needs it
+
+            retired = end_of_life(config.model)
+            if retired is not None:
+                # Once per model and process: its calls keep working until that date, then fail.
+                log.warning(
+                    "model.deprecated",
+                    model=config.model,
+                    end_of_life=retired,
+                    detail="Anthropic retires this model on that date; its calls then fail: move to a newer model",
+                )
+        return model
 
     return build

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 from pathlib import Path
 
 import pytest
+import structlog
 from helpers import run_cli
 
 from llm.errors import ModelConfigError
@@ -238,3 +241,38 @@ def test_demo_runs_on_a_configured_model(tmp_path: Path) -> None:
     assert served > 5 and json.loads(proc.stdout.splitlines()[-1])["state"] == "succeeded"
     bad = run_cli("demo", "--model", "nope", env=env)
     assert bad.returncode == 2 and "--model" in bad.stderr
+
+
+def test_a_model_anthropic_retires_is_named_in_the_log_when_its_route_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK's own warning about a retiring model is a DeprecationWarning, hidden in a library: a
+    worker logs `model.deprecated` with the date instead, once per model it builds, and nothing for
+    a current model."""
+    from llm.anthropic import end_of_life
+    from taskloom.logs import configure_logging
+    from taskloom.models import make_builder
+
+    retiring = end_of_life("claude-sonnet-4-5")
+    assert retiring is not None and end_of_life("claude-sonnet-4-6") is None  # the installed SDK's table
+    monkeypatch.setenv("TL_TEST_ANTHROPIC_KEY", "k")
+    catalog = load_models_file(_file(tmp_path, TOML.replace("claude-sonnet-4-5", "claude-sonnet-4-6") + """
+[models.old]
+provider = "anthropic"
+model = "claude-sonnet-4-5"
+api_key_env = "TL_TEST_ANTHROPIC_KEY"
+"""))
+    buf = io.StringIO()
+    configure_logging("INFO", json=True, stream=buf)
+    try:
+        build = make_builder(max_retries=0, timeout=5)
+        for name in ("strong", "old"):
+            build(catalog.models[name], False)
+    finally:
+        logging.getLogger().handlers.clear()
+        structlog.reset_defaults()
+    lines = [json.loads(x) for x in buf.getvalue().splitlines()]
+    deprecated = [x for x in lines if x["event"] == "model.deprecated"]
+    assert [(x["model"], x["end_of_life"], x["level"]) for x in deprecated] == [
+        ("claude-sonnet-4-5", retiring, "warning")
+    ]
