@@ -685,10 +685,11 @@ class AnthropicModel:
 
     async def _plain(self, params: dict[str, Any]) -> anthropic.types.Message:
         """The call without streaming. Its reply is validated into the SDK's `Message` in one pass of
-        pydantic's core: the SDK's own parse builds it field by field in Python (`construct_type`),
-        about a fifth of a call's CPU. The request still goes through the SDK (its retries, headers,
-        and our attempt recorder). A reply this SDK's types do not describe (a block type newer than
-        it) falls back to the SDK's parse, which keeps what it can, as before."""
+        pydantic's core, instead of the SDK's own parse, which builds it field by field in Python
+        (`construct_type`): 15-25% less CPU per call (bench/RESULTS.md). The request still goes
+        through the SDK (its retries, headers, and our attempt recorder). A reply this SDK's types do
+        not describe (a block type newer than it) falls back to the SDK's parse, which keeps what it
+        can, as before."""
         raw = await self._client.messages.with_raw_response.create(**params)
         try:
             return anthropic.types.Message.model_validate_json(await raw.read())
