@@ -287,6 +287,26 @@ async def test_goal_text_with_script_is_shown_as_text(console: Console) -> None:
     await console.shot(page, "script-as-text")
 
 
+async def test_a_click_that_spans_a_live_redraw_still_opens_the_goal(console: Console) -> None:
+    """The goals table redraws on every event. A goal's row and link stay the same elements across
+    redraws, so a click pressed before one and released after it still opens the goal (a replaced
+    link made the press and the release land on two elements, and the click was lost)."""
+    gid = await console.client.submit(f"Wipe the scratch disk {GATED}")
+    page = await console.page()
+    row = page.locator(f'tr.goal-row[data-goal="{gid}"][data-waiting="1"]')
+    await row.wait_for(timeout=WAIT_MS)
+    box = await row.locator("td.text a").bounding_box()
+    assert box is not None
+    await page.mouse.move(box["x"] + 5, box["y"] + box["height"] / 2)
+    await page.mouse.down()
+    # The goal moves on meanwhile: its row is redrawn (no longer waiting) under the pressed button.
+    assert await console.client.decide(gid, await pending_call(console.client, gid), True, by="test")
+    await page.locator(f'tr.goal-row[data-goal="{gid}"]:not([data-waiting])').wait_for(timeout=WAIT_MS)
+    await page.mouse.up()
+    await page.wait_for_selector("#goal-text", timeout=WAIT_MS)
+    assert page.url.endswith(f"#/goals/{gid}")
+
+
 async def test_a_token_without_approve_sees_no_buttons_and_gets_403(console: Console) -> None:
     """The inbox shows a read-only token the pending call but no buttons; the API refuses its approve with 403."""
     gid = await console.client.submit(f"Wipe it, but only a person may say so {GATED}")

@@ -388,9 +388,30 @@
       return tr;
     }
 
+    // A goal's row is kept across redraws (a live update redraws every 250 ms or so) and its cells
+    // other than the link are renewed in place: replaced rows made a click that spanned a redraw
+    // press one link and release another, and a click so split is lost.
+    let shown = new Map();
     function draw() {
-      put(body, ...rows.map(row));
-      if (!rows.length) body.append(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No goals yet.")));
+      const next = new Map();
+      for (const g of rows) {
+        const fresh = row(g);
+        const old = shown.get(g.id);
+        if (!old) {
+          next.set(g.id, fresh);
+          continue;
+        }
+        const cells = [...fresh.children];
+        for (let i = 1; i < cells.length; i++) old.children[i].replaceWith(cells[i]);
+        old.dataset.state = fresh.dataset.state;
+        if (fresh.dataset.waiting) old.dataset.waiting = fresh.dataset.waiting;
+        else delete old.dataset.waiting;
+        next.set(g.id, old);
+      }
+      shown = next;
+      const order = [...next.values()];
+      if (!rows.length) put(body, h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No goals yet.")));
+      else if (order.length !== body.children.length || order.some((tr, i) => body.children[i] !== tr)) put(body, ...order);
       more.hidden = !cursor;
     }
 
