@@ -307,6 +307,26 @@ async def test_a_click_that_spans_a_live_redraw_still_opens_the_goal(console: Co
     assert page.url.endswith(f"#/goals/{gid}")
 
 
+async def test_a_reason_being_typed_keeps_its_focus_when_another_call_arrives(console: Console) -> None:
+    """The inbox redraws when a call arrives or is decided. A card already shown stays in the page
+    through that, so the reason a person is typing in it keeps the focus and every key lands (a
+    card taken out and put back lost the focus, and the keys typed after it went nowhere)."""
+    first = await console.client.submit(f"Wipe the first scratch disk {GATED}")
+    page = await console.page()
+    await page.click("nav >> text=Approvals")
+    reason = page.locator(f'.approval[data-goal="{first}"] input[aria-label="reason"]')
+    await reason.wait_for(timeout=WAIT_MS)
+    await reason.click()
+    await page.keyboard.type("not this disk")
+    second = await console.client.submit(f"Wipe the second scratch disk {GATED}")
+    await page.locator(f'.approval[data-goal="{second}"]').wait_for(timeout=WAIT_MS)
+    await page.keyboard.type(", it holds backups")
+    assert await reason.input_value() == "not this disk, it holds backups"
+    assert await reason.evaluate("el => el === document.activeElement")
+    for gid in (first, second):
+        await console.client.cancel(gid)
+
+
 async def test_a_token_without_approve_sees_no_buttons_and_gets_403(console: Console) -> None:
     """The inbox shows a read-only token the pending call but no buttons; the API refuses its approve with 403."""
     gid = await console.client.submit(f"Wipe it, but only a person may say so {GATED}")

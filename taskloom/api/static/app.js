@@ -570,10 +570,16 @@
     return card;
   }
 
-  // Keep the cards of calls still waiting (and whatever reason is being typed), add new ones.
+  // Keep the cards of calls still waiting where they are, add new ones in their place, remove the
+  // rest. A kept card is never taken out of the page: one taken out and put back (as replacing the
+  // list's children did on every sync) loses the focus of the reason being typed in it, and a
+  // press on its button that spans the sync is lost with it. It moves only if the order changes.
   function syncCards(list, items, opts) {
     const have = new Map([...list.querySelectorAll(".approval")].map((c) => [`${c.dataset.goal}/${c.dataset.call}`, c]));
-    put(list, ...items.map((a) => have.get(callKey(a)) || approvalCard(a, opts)));
+    const want = items.map((a) => have.get(callKey(a)) || approvalCard(a, opts));
+    const keep = new Set(want);
+    for (const el of [...list.children]) if (!keep.has(el)) el.remove();
+    want.forEach((el, i) => { if (list.children[i] !== el) list.insertBefore(el, list.children[i] || null); });
   }
 
   // -- goal page --------------------------------------------------------------------------------
