@@ -22,7 +22,7 @@ from test_e2e import Scenario, _first_user, fleet, role_of, spec, worker_env
 
 from bus.client import Client
 from bus.keys import Keys
-from bus.schemas import GoalState
+from bus.schemas import Event, GoalState
 from critic.prompts import FINAL_TOOL
 from llm.testing import FakeAnthropicServer, RecordedRequest, Script, tool_reply
 from planner.prompts import PLAN_TOOL
@@ -305,6 +305,30 @@ async def test_a_click_that_spans_a_live_redraw_still_opens_the_goal(console: Co
     await page.mouse.up()
     await page.wait_for_selector("#goal-text", timeout=WAIT_MS)
     assert page.url.endswith(f"#/goals/{gid}")
+
+
+async def test_a_press_on_cancel_that_spans_a_refresh_still_cancels(console: Console) -> None:
+    """The goal page refreshes on each event of the goal. Its head (state, Cancel) is renewed in
+    place, so a press on Cancel that spans a refresh still cancels (a head rebuilt whole replaced
+    the button under the press, and the click was lost)."""
+    gid = await console.client.submit(f"Wipe the spare disk {GATED}")
+    await pending_call(console.client, gid)  # waits for a person: nothing else moves the goal
+    page = await console.page()
+    page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+    await page.goto(f"{console.url}#/goals/{gid}")
+    button = page.locator("#cancel")
+    await button.wait_for(timeout=WAIT_MS)
+    box = await button.bounding_box()
+    assert box is not None
+    await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    await page.mouse.down()
+    # An event of the goal (one a worker writes when a role's model serves it): the page refreshes.
+    await page.locator('[data-testid="goal-state"]').evaluate("el => { el.dataset.before = '1'; }")
+    await console.client.log.emit(Event(type="model.serving", goal_id=gid, data={"role": "executor", "model": "m"}))
+    await page.locator('[data-testid="goal-state"]:not([data-before])').wait_for(timeout=WAIT_MS)
+    await page.mouse.up()
+    await page.wait_for_selector('[data-testid="goal-state"].cancelled', timeout=WAIT_MS)
+    assert (await console.client.get(gid)).state is GoalState.CANCELLED
 
 
 async def test_a_reason_being_typed_keeps_its_focus_when_another_call_arrives(console: Console) -> None:

@@ -623,6 +623,46 @@
             h("div", { class: "events" }, h("table", { id: "events" }, events)))))
     );
 
+    // The head is built once and each refresh renews its parts in place. Replaced whole on every
+    // refresh (each event of a running goal makes one), it dropped a press on Cancel that spanned a
+    // refresh, and any selection of the goal's text.
+    const cancel = h("button", { class: "deny", id: "cancel", hidden: true, onclick: async () => {
+      if (!confirm("Cancel this goal?")) return;
+      try { await api(`/v1/goals/${encodeURIComponent(id)}/cancel`, { method: "POST", json: {} }); }
+      catch (e) { alert(e.message); }
+      refresh();
+    } }, "Cancel goal");
+    const headParts = {
+      state: h("span"),
+      waiting: h("span", { hidden: true }),
+      text: h("p", { class: "goal-text", id: "goal-text" }),
+      done: h("p", { class: "muted", hidden: true }),
+      meta: h("div", { class: "meta" }),
+    };
+    const toolbar = h("div", { class: "toolbar" }, h("h1", {}, "Goal"), headParts.state, headParts.waiting, cancel);
+
+    function swap(name, el) {
+      headParts[name].replaceWith(el);
+      headParts[name] = el;
+    }
+
+    function paintHead(g, waiting) {
+      if (!head.contains(toolbar)) put(head, toolbar, headParts.text, headParts.done, headParts.meta); // first, or after an error
+      swap("state", stateBadge(g.state, { testid: "goal-state" }));
+      swap("waiting", waiting.length ? waitingBadge(waiting.length, { testid: "goal-waiting" }) : h("span", { hidden: true }));
+      cancel.hidden = !(can("submit") && !TERMINAL.includes(g.state));
+      if (headParts.text.textContent !== g.goal.text) headParts.text.textContent = g.goal.text;
+      const done = g.goal.definition_of_done ? `Done when: ${g.goal.definition_of_done}` : "";
+      if (headParts.done.textContent !== done) headParts.done.textContent = done;
+      headParts.done.hidden = !done;
+      put(headParts.meta,
+        h("span", {}, "id ", h("b", { class: "mono" }, g.id)),
+        h("span", {}, "plan ", h("b", {}, `v${g.plan_version}`)),
+        h("span", {}, "replans ", h("b", {}, String(g.replans))),
+        h("span", {}, "age ", h("b", {}, age(g.created_at))),
+        g.reason ? h("span", {}, "reason ", h("b", {}, g.reason)) : null);
+    }
+
     async function refresh(known) {
       let s = known;
       let waiting = [];
@@ -636,27 +676,7 @@
         return;
       }
       const g = s.goal;
-      const cancel = can("submit") && !TERMINAL.includes(g.state)
-        ? h("button", { class: "deny", id: "cancel", onclick: async () => {
-          if (!confirm("Cancel this goal?")) return;
-          try { await api(`/v1/goals/${encodeURIComponent(id)}/cancel`, { method: "POST", json: {} }); }
-          catch (e) { alert(e.message); }
-          refresh();
-        } }, "Cancel goal")
-        : null;
-      put(
-        head,
-        h("div", { class: "toolbar" }, h("h1", {}, "Goal"), stateBadge(g.state, { testid: "goal-state" }),
-          waiting.length ? waitingBadge(waiting.length, { testid: "goal-waiting" }) : null, cancel),
-        h("p", { class: "goal-text", id: "goal-text" }, g.goal.text),
-        g.goal.definition_of_done ? h("p", { class: "muted" }, `Done when: ${g.goal.definition_of_done}`) : null,
-        h("div", { class: "meta" },
-          h("span", {}, "id ", h("b", { class: "mono" }, g.id)),
-          h("span", {}, "plan ", h("b", {}, `v${g.plan_version}`)),
-          h("span", {}, "replans ", h("b", {}, String(g.replans))),
-          h("span", {}, "age ", h("b", {}, age(g.created_at))),
-          g.reason ? h("span", {}, "reason ", h("b", {}, g.reason)) : null)
-      );
+      paintHead(g, waiting);
       syncCards(calls, waiting, { showGoal: false });
       callsPanel.hidden = !waiting.length;
       const jobs = [];
