@@ -34,6 +34,7 @@ from typing import Any
 
 from arq.connections import ArqRedis, create_pool
 from arq.worker import Worker, func
+from redis.asyncio import Redis
 
 from bus.connection import EmbeddedRedis, redis_settings
 from bus.keys import Keys
@@ -95,11 +96,44 @@ def cpu_model() -> str:
 
 
 async def machine(redis: ArqRedis, where: str) -> str:
+    """The machine and, measured now, how fast it is at the moment (`cpu_probe_ms`, `ping_p50_us`)."""
     info = await redis.info("server")
     return (
         f"{os.cpu_count()} cores ({cpu_model()}), {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}, Redis {info.get('redis_version', '?')} at {where}"
+        f"Python {platform.python_version()}, Redis {info.get('redis_version', '?')} at {where}; "
+        f"speed now: CPU probe {cpu_probe_ms():.1f} ms, PING p50 {await ping_p50_us(redis):.0f} µs"
     )
+
+
+def cpu_probe_ms() -> float:
+    """CPU milliseconds a fixed pure-Python workload (string formatting, JSON, dict reads and writes,
+    as a job's code does) takes in this process, best of 5. The same code on the same machine class
+    ran up to 2x faster or slower from one hour to the next (bench/RESULTS.md): printed with every
+    report, it says which runs can be compared and how much of a difference is the machine's."""
+
+    def work() -> None:
+        d: dict[str, str] = {}
+        for i in range(20_000):
+            k = f"key-{i % 500}"
+            d[k] = json.dumps({"i": i, "k": k, "ok": True})
+            d.get(k[::-1])
+
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.process_time()
+        work()
+        best = min(best, time.process_time() - t0)
+    return best * 1000
+
+
+async def ping_p50_us(redis: Redis, n: int = 300) -> float:
+    """Median microseconds of a PING round trip from this process (the loopback's and Redis's speed now)."""
+    lat = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await redis.ping()
+        lat.append(time.perf_counter() - t0)
+    return statistics.median(lat) * 1e6
 
 
 @dataclass

@@ -10,7 +10,13 @@ both units), then a plain PING under the same concurrency, in the same run. The 
 costing no more than 2.2 PINGs at p50 with one client, and the tenant-pool path at most 10% more
 (issue 32; the report ends with both, met or not): a reserve is one EVALSHA and a settle another.
 The client is the pool a worker uses (`bus.connection.connect`). Everything is written under a unique
-key prefix and deleted afterwards. When the URL cannot be reached, an embedded redis-server is started instead.
+key prefix and deleted afterwards.
+
+Also measured, as a prototype that is not in the product: the settle of each call folded into the
+goal's next reserve (`FOLDED`: the product's close and reserve scripts run one after the other in
+one script, so a call costs one round trip instead of two). It shows what that design would bring
+the pair to, before anyone changes when spending is booked for it. When the URL cannot be reached,
+an embedded redis-server is started instead.
 """
 
 from __future__ import annotations
@@ -30,16 +36,79 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
+from bench._harness import cpu_probe_ms
 from bus.connection import connect
 from bus.keys import Keys
-from bus.ledger import Ledger
+from bus.ledger import SWEEP_BATCH, Ledger
+from bus.ledger_records import Reservation, reservation_from_reply
 from bus.retention import delete_all
+from bus.scripts import lua
 from bus.tenants import Tenants
 from llm.types import Usage
 
 GOAL = "bench"
 TENANT_GOAL = "bench-tenant"
 USAGE = Usage(input_tokens=400, output_tokens=700, cache_read_tokens=50)
+
+
+MODEL = "claude-sonnet-4-6"
+
+# The prototype: the close script (its KEYS: open hash, expiry set) and then the reserve script (its
+# KEYS: goal books, open hash, expiry set), each run as a function with its own KEYS and ARGV, in
+# one script. ARGV: the number n of the close's arguments (0: nothing to close), those n, then the
+# reserve's. Replies as the reserve does.
+FOLDED = (
+    lua("ledger_lib")
+    + "local function run_close(KEYS, ARGV)\n"
+    + lua("ledger_close")
+    + "\nend\nlocal function run_reserve(KEYS, ARGV)\n"
+    + lua("ledger_reserve")
+    + """
+end
+local n = tonumber(ARGV[1])
+if n > 0 then
+  local args = {}
+  for i = 2, n + 1 do args[#args + 1] = ARGV[i] end
+  run_close({KEYS[2], KEYS[3]}, args)
+end
+local args = {}
+for i = n + 2, #ARGV do args[#args + 1] = ARGV[i] end
+return run_reserve(KEYS, args)
+"""
+)
+
+
+class Folded:
+    """Per goal, the reservation whose settle rides on the goal's next reserve (the prototype)."""
+
+    def __init__(self, redis: Redis, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.script = redis.register_script(FOLDED)
+        self.held: dict[str, Reservation] = {}
+
+    async def call(self, goal: str) -> None:
+        """One call's bookkeeping: settle the goal's previous call (if any) and reserve for this one."""
+        led = self.ledger
+        rid = uuid.uuid4().hex
+        price_in, price_out = led.prices.per_mtok_micro(MODEL, 500)
+        reserve: list[str | int | float] = [
+            rid, 500, 1000, led.min_reservation, led.reservation_ttl, price_in, price_out,
+            led.keys.pool_prefix(), SWEEP_BATCH, MODEL, int(led.prices.priced(MODEL)), led.keys.tenant(""),
+        ]
+        close: list[str | int | float] = []
+        previous = self.held.get(goal)
+        if previous is not None:
+            cost = led.prices.cost(MODEL, USAGE)
+            close = [previous.entry or previous.id, "settle", 0, "", "", USAGE.input_tokens, USAGE.output_tokens,
+                     USAGE.cache_read_tokens, USAGE.cache_write_tokens, cost or 0, int(cost is None)]
+        keys = [led.keys.ledger(goal), led.keys.ledger_open(), led.keys.ledger_expiry()]
+        out = await self.script(keys=keys, args=[len(close), *close, *reserve])
+        self.held[goal] = reservation_from_reply(out, rid, goal, 500, MODEL)
+
+    async def settle_all(self) -> None:
+        for res in self.held.values():
+            await self.ledger.settle(res, USAGE, model=MODEL)
+        self.held.clear()
 
 
 ROUNDS = 5  # pairs and PINGs alternate in rounds, so both see the same background load
@@ -109,35 +178,60 @@ async def run(url: str, ops: int, levels: list[int]) -> str:
         await ledger.open(TENANT_GOAL, 10**15, budget_usd=10**5, tenant="bench")
 
         async def pair() -> None:
-            res = await ledger.reserve(GOAL, 500, 1000, model="claude-sonnet-4-5")
-            await ledger.settle(res, USAGE, model="claude-sonnet-4-5")
+            res = await ledger.reserve(GOAL, 500, 1000, model=MODEL)
+            await ledger.settle(res, USAGE, model=MODEL)
 
         async def tenant_pair() -> None:
-            res = await ledger.reserve(TENANT_GOAL, 500, 1000, model="claude-sonnet-4-5")
-            await ledger.settle(res, USAGE, model="claude-sonnet-4-5")
+            res = await ledger.reserve(TENANT_GOAL, 500, 1000, model=MODEL)
+            await ledger.settle(res, USAGE, model=MODEL)
+
+        folded = Folded(redis, ledger)
+
+        async def folded_call() -> None:
+            await folded.call(GOAL)
+
+        async def folded_tenant_call() -> None:
+            await folded.call(TENANT_GOAL)
 
         async def ping() -> None:
             await redis.ping()
 
-        ops_by_name = {"pair": pair, "tenant": tenant_pair, "ping": ping}
+        ops_by_name: dict[str, Callable[[], Awaitable[object]]] = {"pair": pair, "tenant": tenant_pair, "ping": ping}
+        # One client only: each goal's chain of calls is sequential, as one agent's calls are.
+        folded_ops: dict[str, Callable[[], Awaitable[object]]] = {
+            "folded": folded_call,
+            "folded_tenant": folded_tenant_call,
+            "ping": ping,
+        }
         try:
             await compare(max(levels), 1000, ops_by_name)  # warm up: scripts loaded, connections open
             rows = []
             for clients in levels:
                 r = await compare(clients, ops, ops_by_name)
                 rows.append((clients, r["pair"], r["tenant"], r["ping"]))
+            await compare(1, 500, folded_ops)  # warm up
+            f = await compare(1, ops, folded_ops)
+            proto = (f["folded"], f["folded_tenant"], f["ping"])
+            await folded.settle_all()
             for goal in (GOAL, TENANT_GOAL):
                 snap = await ledger.snapshot(goal)
                 assert snap.reserved == 0 and snap.open == 0, snap
         finally:
             await delete_all(redis, keys)
         info = await redis.info("server")
-    return report(rows, where, str(info.get("redis_version", "?")), ops)
+    return report(rows, where, str(info.get("redis_version", "?")), ops, proto)
 
 
-def report(rows: list[tuple[int, Stats, Stats, Stats]], where: str, version: str, ops: int) -> str:
+def report(
+    rows: list[tuple[int, Stats, Stats, Stats]],
+    where: str,
+    version: str,
+    ops: int,
+    proto: tuple[Stats, Stats, Stats] | None = None,
+) -> str:
     lines = [
-        f"Redis {version} at {where}; {ops} operations per level and path; python {platform.python_version()}",
+        f"Redis {version} at {where}; {ops} operations per level and path; python {platform.python_version()}; "
+        f"speed now: CPU probe {cpu_probe_ms():.1f} ms (bench._harness.cpu_probe_ms)",
         "",
         "| clients | path | pairs/s | pair p50 ms | pair p99 ms | PING/s | PING p50 ms | PING p99 ms | p50 ratio "
         "| p99 ratio |",
@@ -163,6 +257,19 @@ def report(rows: list[tuple[int, Stats, Stats, Stats]], where: str, version: str
             f"| tenant pool + USD pair p50 <= goal-only + {TENANT_EXTRA:.0%}, 1 client | {extra:+.0%} | "
             f"{'met' if extra <= TENANT_EXTRA else '**not met**'} |"
         )
+    if proto is not None:
+        f, ft, r = proto
+        lines += [
+            "",
+            "Prototype, not in the product: each call's settle folded into the goal's next reserve (one "
+            "script, one round trip per call), 1 client:",
+            "",
+            "| path | per call p50 ms | PING p50 ms | ratio | tenant pool + USD / goal only |",
+            "| --- | ---: | ---: | ---: | ---: |",
+            f"| goal only | {f.p50_ms:.3f} | {r.p50_ms:.3f} | {f.p50_ms / r.p50_ms:.2f}x | |",
+            f"| goal + tenant pool, tokens + USD | {ft.p50_ms:.3f} | {r.p50_ms:.3f} | {ft.p50_ms / r.p50_ms:.2f}x "
+            f"| {ft.p50_ms / f.p50_ms - 1:+.0%} |",
+        ]
     return "\n".join(lines)
 
 
