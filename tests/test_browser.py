@@ -32,7 +32,7 @@ pytestmark = pytest.mark.browser
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 try:
-    from playwright.async_api import Browser, Page, async_playwright
+    from playwright.async_api import Browser, Locator, Page, async_playwright
 except ImportError:  # pragma: no cover - the test extra installs it
     async_playwright = None  # type: ignore[assignment]
 
@@ -329,6 +329,63 @@ async def test_a_press_on_cancel_that_spans_a_refresh_still_cancels(console: Con
     await page.mouse.up()
     await page.wait_for_selector('[data-testid="goal-state"].cancelled', timeout=WAIT_MS)
     assert (await console.client.get(gid)).state is GoalState.CANCELLED
+
+
+async def test_events_follow_the_newest_only_while_the_reader_is_at_the_bottom(console: Console) -> None:
+    """The goal page's event list follows new events while the reader is at its bottom; a reader who
+    scrolled up to an earlier event stays there when more arrive (each event pulled them down)."""
+    gid = await console.client.submit(f"Wipe the log disk {GATED}")
+    await pending_call(console.client, gid)  # waits for a person: nothing else writes events now
+
+    async def emit(n: int) -> None:
+        for i in range(n):  # what a worker writes while a call waits its turn in the rate limit
+            event = Event(type="model.rate_limited", goal_id=gid, data={"bucket": "b", "waited": i})
+            await console.client.log.emit(event)
+
+    await emit(40)
+    page = await console.page()
+    await page.goto(f"{console.url}#/goals/{gid}")
+    rows = page.locator("#event-rows tr")
+    await eventually(lambda: _at_least(rows, 40), timeout=WAIT_MS / 1000)
+    box = page.locator(".events")
+    gap = "el => el.scrollHeight - el.scrollTop - el.clientHeight"
+    assert await box.evaluate("el => el.scrollHeight > el.clientHeight + 100")  # it scrolls
+    assert await box.evaluate(gap) < 24  # and starts at the newest
+    await box.evaluate("el => { el.scrollTop = 0; }")
+    shown = await rows.count()
+    await emit(3)
+    await eventually(lambda: _at_least(rows, shown + 3), timeout=WAIT_MS / 1000)
+    assert await box.evaluate("el => el.scrollTop") == 0
+    await box.evaluate("el => { el.scrollTop = el.scrollHeight; }")
+    await emit(1)
+    await eventually(lambda: _at_least(rows, shown + 4), timeout=WAIT_MS / 1000)
+    assert await box.evaluate(gap) < 24
+    await console.client.cancel(gid)
+
+
+async def test_text_selected_in_a_finished_task_survives_a_refresh(console: Console) -> None:
+    """A finished task's card stays the same element while the goal runs on, so an answer a reader
+    selected (to copy it) stays selected through the page's refreshes."""
+    gid = await console.client.submit(f"First a, then wipe the old disk {AFTER_A} {GATED}")
+    await pending_call(console.client, gid)  # task a is done; w waits for a person
+    page = await console.page()
+    await page.goto(f"{console.url}#/goals/{gid}")
+    answer = page.locator('#tasks .task[data-task="a"] pre')
+    await answer.wait_for(timeout=WAIT_MS)
+    text = await answer.inner_text()
+    await answer.evaluate("el => { const r = document.createRange(); r.selectNodeContents(el); "
+                          "const s = getSelection(); s.removeAllRanges(); s.addRange(r); }")
+    # An event of the goal: the page refreshes, the tasks panel from a read of the attempts.
+    async with page.expect_response(lambda r: r.url.endswith(f"/v1/goals/{gid}/attempts")) as read:
+        await console.client.log.emit(Event(type="model.serving", goal_id=gid, data={"role": "executor", "model": "m"}))
+    await (await read.value).finished()
+    await page.wait_for_timeout(200)  # its reply parsed and drawn
+    assert await page.evaluate("getSelection().toString()") == text
+    await console.client.cancel(gid)
+
+
+async def _at_least(rows: Locator, n: int) -> bool:
+    return await rows.count() >= n
 
 
 async def test_a_reason_being_typed_keeps_its_focus_when_another_call_arrives(console: Console) -> None:

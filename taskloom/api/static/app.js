@@ -576,7 +576,12 @@
   // press on its button that spans the sync is lost with it. It moves only if the order changes.
   function syncCards(list, items, opts) {
     const have = new Map([...list.querySelectorAll(".approval")].map((c) => [`${c.dataset.goal}/${c.dataset.call}`, c]));
-    const want = items.map((a) => have.get(callKey(a)) || approvalCard(a, opts));
+    reconcile(list, items.map((a) => have.get(callKey(a)) || approvalCard(a, opts)));
+  }
+
+  // Make `want` the children of `list`, in order, without taking out and putting back the ones
+  // already there (that would drop their focus, a selection in them, or a press on them).
+  function reconcile(list, want) {
     const keep = new Set(want);
     for (const el of [...list.children]) if (!keep.has(el)) el.remove();
     want.forEach((el, i) => { if (list.children[i] !== el) list.insertBefore(el, list.children[i] || null); });
@@ -785,7 +790,24 @@
         put(tasks, h("p", { class: "muted" }, "No tasks yet."));
         return;
       }
-      put(tasks, ...a.tasks.map((t) => h("div", { class: "task", dataset: { task: t.task_id } },
+      // A task whose record did not change keeps its element where it is (and any text selected in
+      // it): each refresh rebuilt them all, and a reader copying an answer lost the selection at
+      // every event of the goal.
+      const kept = new Map([...tasks.querySelectorAll(".task")].map((el) => [el.dataset.task, el]));
+      reconcile(tasks, a.tasks.map((t) => {
+        const sig = JSON.stringify(t);
+        const el = kept.get(t.task_id);
+        if (el && taskSigs.get(el) === sig) return el;
+        const card = taskCard(t);
+        taskSigs.set(card, sig);
+        return card;
+      }));
+    }
+
+    const taskSigs = new WeakMap(); // task element -> the record it shows (JSON)
+
+    function taskCard(t) {
+      return h("div", { class: "task", dataset: { task: t.task_id } },
         h("div", {}, h("b", {}, `${t.task_id}: ${t.title}`), " ", stateBadge(t.state)),
         t.attempts.length ? null : h("div", { class: "muted" }, "no attempt finished yet"),
         t.attempts.map((x) => h("div", { class: `attempt ${x.verdict ? x.verdict.action : ""}` },
@@ -793,7 +815,7 @@
             + `${fmt(x.usage.input_tokens + x.usage.output_tokens)} tokens`
             + (x.verdict ? ` · critic: ${x.verdict.action}` : " · awaiting review")),
           h("pre", {}, x.answer || "(no answer)"),
-          x.verdict && x.verdict.feedback ? h("div", { class: "feedback" }, `Critic: ${x.verdict.feedback}`) : null)))));
+          x.verdict && x.verdict.feedback ? h("div", { class: "feedback" }, `Critic: ${x.verdict.feedback}`) : null)));
     }
 
     function renderLedger(l) {
@@ -813,13 +835,16 @@
 
     function addEvent(e) {
       const data = Object.entries(e.data || {}).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join(" ");
+      // Follow the newest event only while the reader is at the bottom: one who scrolled up to read
+      // an earlier event stays there (each event pulled them back down).
+      const box = events.closest(".events");
+      const following = box.scrollHeight - box.scrollTop - box.clientHeight < 24;
       events.append(h("tr", { dataset: { type: e.type } },
         h("td", { class: "mono muted" }, new Date(e.at).toLocaleTimeString("en-GB")),
         h("td", { class: "mono" }, e.type),
         h("td", { class: "mono" }, e.task_id || ""),
         h("td", {}, data.length > 300 ? `${data.slice(0, 299)}…` : data)));
-      const box = events.closest(".events");
-      box.scrollTop = box.scrollHeight;
+      if (following) box.scrollTop = box.scrollHeight;
     }
 
     await refresh(first);
