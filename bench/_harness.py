@@ -34,7 +34,6 @@ from typing import Any
 
 from arq.connections import ArqRedis, create_pool
 from arq.worker import Worker, func
-from redis.asyncio import Redis
 
 from bus.connection import EmbeddedRedis, redis_settings
 from bus.keys import Keys
@@ -126,7 +125,7 @@ def cpu_probe_ms() -> float:
     return best * 1000
 
 
-async def ping_p50_us(redis: Redis, n: int = 300) -> float:
+async def ping_p50_us(redis: ArqRedis, n: int = 300) -> float:
     """Median microseconds of a PING round trip from this process (the loopback's and Redis's speed now)."""
     lat = []
     for _ in range(n):
