@@ -39,7 +39,7 @@ from redis.asyncio import Redis
 from bench._harness import cpu_probe_ms
 from bus.connection import connect
 from bus.keys import Keys
-from bus.ledger import SWEEP_BATCH, Ledger
+from bus.ledger import Ledger
 from bus.ledger_records import Reservation, reservation_from_reply
 from bus.retention import delete_all
 from bus.scripts import lua
@@ -89,19 +89,11 @@ class Folded:
     async def call(self, goal: str) -> None:
         """One call's bookkeeping: settle the goal's previous call (if any) and reserve for this one."""
         led = self.ledger
-        rid = uuid.uuid4().hex
-        price_in, price_out = led.prices.per_mtok_micro(MODEL, 500)
-        reserve: list[str | int | float] = [
-            rid, 500, 1000, led.min_reservation, led.reservation_ttl, price_in, price_out,
-            led.keys.pool_prefix(), SWEEP_BATCH, MODEL, int(led.prices.priced(MODEL)), led.keys.tenant(""),
-        ]
-        close: list[str | int | float] = []
+        rid, keys, reserve = led.reserve_call(goal, 500, 1000, MODEL)
         previous = self.held.get(goal)
+        close: list[str | int] = []
         if previous is not None:
-            cost = led.prices.cost(MODEL, USAGE)
-            close = [previous.entry or previous.id, "settle", 0, "", "", USAGE.input_tokens, USAGE.output_tokens,
-                     USAGE.cache_read_tokens, USAGE.cache_write_tokens, cost or 0, int(cost is None)]
-        keys = [led.keys.ledger(goal), led.keys.ledger_open(), led.keys.ledger_expiry()]
+            close = led.close_args(previous, "settle", False, None, *led.settled_usage(USAGE, MODEL))
         out = await self.script(keys=keys, args=[len(close), *close, *reserve])
         self.held[goal] = reservation_from_reply(out, rid, goal, 500, MODEL)
 

@@ -158,6 +158,33 @@ class Ledger:
             args += [pool.name, pool.budget_tokens]
         return bool(await self._open(keys=[self.keys.ledger(goal_id)], args=args))
 
+    def reserve_call(
+        self, goal_id: str, estimated_input: int, max_tokens: int, model: str | None
+    ) -> tuple[str, list[str], list[str | int | float]]:
+        """The reserve script's (reservation id, KEYS, ARGV) for one call (see `reserve`)."""
+        if estimated_input < 0 or max_tokens < 1:
+            raise ValueError(f"need estimated_input >= 0 and max_tokens >= 1, got {estimated_input}, {max_tokens}")
+        rid = uuid.uuid4().hex
+        price_in, price_out = self.prices.per_mtok_micro(model, estimated_input)
+        # The model is a line of the reservation's record and part of field names: no whitespace.
+        model_tag = "-" if model is None else re.sub(r"\s", "_", model)[:200] or "-"
+        keys = [self.keys.ledger(goal_id), self._open_key, self._expiry_key]
+        args: list[str | int | float] = [
+            rid,
+            estimated_input,
+            max_tokens,
+            self.min_reservation,
+            self.reservation_ttl,
+            price_in,
+            price_out,
+            self._pool_prefix,
+            SWEEP_BATCH,
+            model_tag,
+            int(self.prices.priced(model)),
+            self.keys.tenant(""),
+        ]
+        return rid, keys, args
+
     async def reserve(
         self, goal_id: str, estimated_input: int, max_tokens: int, *, model: str | None = None
     ) -> Reservation:
@@ -169,34 +196,10 @@ class Ledger:
         min_reservation)` output tokens would be left, in the goal or any of its pools, and
         `LedgerNotFound` when the goal's books were never opened.
         """
-        if estimated_input < 0 or max_tokens < 1:
-            raise ValueError(f"need estimated_input >= 0 and max_tokens >= 1, got {estimated_input}, {max_tokens}")
-        rid = uuid.uuid4().hex
-        price_in, price_out = self.prices.per_mtok_micro(model, estimated_input)
-        # The model is a line of the reservation's record and part of field names: no whitespace.
-        model_tag = "-" if model is None else re.sub(r"\s", "_", model)[:200] or "-"
+        rid, keys, args = self.reserve_call(goal_id, estimated_input, max_tokens, model)
         # Replicated (`bus.durability`) before the call is made: a reservation lost in a failover
         # would make its settle find nothing to close, and the call's spending would go uncounted.
-        out = await script_confirmed(
-            self.redis,
-            "ledger reserve",
-            self._reserve,
-            [self.keys.ledger(goal_id), self._open_key, self._expiry_key],
-            [
-                rid,
-                estimated_input,
-                max_tokens,
-                self.min_reservation,
-                self.reservation_ttl,
-                price_in,
-                price_out,
-                self._pool_prefix,
-                SWEEP_BATCH,
-                model_tag,
-                int(self.prices.priced(model)),
-                self.keys.tenant(""),
-            ],
-        )
+        out = await script_confirmed(self.redis, "ledger reserve", self._reserve, keys, args)
         return reservation_from_reply(out, rid, goal_id, estimated_input, model)
 
     async def settle(
@@ -217,19 +220,27 @@ class Ledger:
         trouble (`bus.retry.TroubleClock`); its clock is reset in the same write as the books.
         `served`: (role, model) recorded on the goal's books in the same write (`served_by`).
         """
-        cost = self.prices.cost(model or reservation.model, usage)
-        return await self._close_one(
-            reservation,
-            "settle",
-            end_trouble,
-            served,
+        usage_args = self.settled_usage(usage, model or reservation.model)
+        return await self._close_one(reservation, "settle", end_trouble, served, *usage_args)
+
+    def settled_usage(self, usage: Usage, model: str | None) -> list[int]:
+        """The close script's usage arguments of a settle: tokens by kind, cost (micro-USD) and unpriced."""
+        cost = self.prices.cost(model, usage)
+        return [
             usage.input_tokens,
             usage.output_tokens,
             usage.cache_read_tokens,
             usage.cache_write_tokens,
             cost or 0,
             int(cost is None),
-        )
+        ]
+
+    def close_args(
+        self, reservation: Reservation, mode: str, end_trouble: bool, served: tuple[str, str] | None, *usage: int
+    ) -> list[str | int]:
+        """The close script's ARGV (its KEYS: the open hash and the expiry set; see `settle`)."""
+        field, value = (f"served:{served[0]}", served[1]) if served is not None else ("", "")
+        return [reservation.entry or reservation.id, mode, int(end_trouble), field, value, *usage]
 
     async def release(self, reservation: Reservation) -> bool:
         """Free the reservation: the call never reached the provider. Idempotent like `settle`."""
@@ -249,14 +260,13 @@ class Ledger:
     async def _close_one(
         self, reservation: Reservation, mode: str, end_trouble: bool, served: tuple[str, str] | None, *usage: int
     ) -> int:
-        field, value = (f"served:{served[0]}", served[1]) if served is not None else ("", "")
         # Replicated (`bus.durability`): a close lost with its reservation would leave spending uncounted.
         out = await script_confirmed(
             self.redis,
             f"ledger {mode}",
             self._close,
             [self._open_key, self._expiry_key],
-            [reservation.entry or reservation.id, mode, int(end_trouble), field, value, *usage],
+            self.close_args(reservation, mode, end_trouble, served, *usage),
         )
         return int(out)
 

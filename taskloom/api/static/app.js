@@ -411,7 +411,7 @@
       shown = next;
       const order = [...next.values()];
       if (!rows.length) put(body, h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No goals yet.")));
-      else if (order.length !== body.children.length || order.some((tr, i) => body.children[i] !== tr)) put(body, ...order);
+      else reconcile(body, order); // rows already shown stay in the page, even when a goal arrives on top
       more.hidden = !cursor;
     }
 
