@@ -28,6 +28,14 @@ Every change is one Lua script, so the books always balance: `reserved` is the s
 reservations' amounts and `spent` the sum of the kinds. The scripts never parse JSON; time comes
 from Redis (`TIME`), so workers' clocks do not matter.
 
+Held settles (`settle_later`): an executor's call does not settle on its own. Its settle is held in
+the process and rides on the process's next reserve (the closes run first, then the reserve, in one
+script: one round trip per call instead of two), or is sent on its own after `settle_delay` seconds,
+or by `flush`, which the executor awaits before it stores a result, so the books are exact whenever a
+result is. Until then the call's whole reservation stays held: never a token over any budget, but a
+reserve from another process may find less room, for at most `settle_delay`. A crash loses the held
+settles; their reservations are forfeited in full when they expire, counted as spent, never as free.
+
 Budgets count tokens of every kind alike (a cache read is a token against the budget). Input
 estimates (`llm.estimate`) are conservative: they err high. When usage still exceeds the
 reservation, the truth is recorded as spent (and the excess as `overrun`); the output part can never
@@ -36,10 +44,13 @@ overrun, because the call is made with `max_tokens` clamped to the reservation.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import structlog
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
@@ -63,11 +74,20 @@ from .prices import PriceTable, usd_to_micro
 from .replies import str_pairs
 from .scripts import lua
 
+log = structlog.get_logger("taskloom.ledger")
+
 # Expired reservations closed per script call: bounds the time one reserve can spend sweeping.
 SWEEP_BATCH = 100
+# Held settles closed per script call (the rest ride on the next one).
+FOLD_BATCH = 100
+# A held settle whose close failed this many times (Redis unreachable) is given up: its reservation
+# is forfeited in full when it expires.
+FOLD_TRIES = 3
 # The defaults of TASKLOOM_LEDGER_MIN_RESERVATION and TASKLOOM_LEDGER_RESERVATION_TTL (taskloom.settings).
 MIN_RESERVATION = 256
 RESERVATION_TTL: float = 600
+# The default of TASKLOOM_LEDGER_SETTLE_DELAY: how long a held settle waits for a reserve to ride on.
+SETTLE_DELAY: float = 0.25
 
 
 def ledger_keys(keys: Keys) -> tuple[str, str, str]:
@@ -95,9 +115,30 @@ def clamp_output(headroom: int, input_tokens: int, max_tokens: int, min_reservat
 # -- Lua (bus/lua/*.lua; each file's header says its KEYS, ARGV and reply) ------------------------
 
 _OPEN = lua("ledger_open")
-_RESERVE = lua("ledger_lib", "ledger_reserve")
+_RESERVE = lua("ledger_lib", "ledger_reserve_args", "ledger_reserve")
+_FOLD = lua("ledger_lib", "ledger_fold", "ledger_reserve")
 _CLOSE = lua("ledger_lib", "ledger_close")
+_CLOSE_MANY = lua("ledger_lib", "ledger_close_many")
 _SWEEP = lua("ledger_lib", "ledger_sweep")
+
+
+@dataclass
+class _Held:
+    """A settle held back (`Ledger.settle_later`): the close script's ARGV, and who is told its reply."""
+
+    args: list[str | int]
+    reservation: Reservation
+    then: Callable[[int], None] | None
+    tries: int = 0
+
+
+def fold_args(held: Sequence[_Held]) -> list[str | int]:
+    """The closes' part of the fold and close-many scripts' ARGV: their number, then each as a count
+    and its arguments."""
+    out: list[str | int] = [len(held)]
+    for h in held:
+        out += [len(h.args), *h.args]
+    return out
 
 
 # -- the ledger -----------------------------------------------------------------------------------
@@ -114,7 +155,12 @@ class Ledger:
         min_reservation: int = MIN_RESERVATION,
         reservation_ttl: float = RESERVATION_TTL,
         prices: PriceTable | None = None,
+        settle_delay: float = 0.0,
     ) -> None:
+        """`settle_delay`: the longest a held settle waits for a reserve to ride on (`settle_later`);
+        0 settles each call on its own."""
+        if settle_delay < 0:
+            raise ValueError(f"settle_delay must be >= 0, got {settle_delay}")
         if min_reservation < 1:
             raise ValueError(f"min_reservation must be at least 1, got {min_reservation}")
         if reservation_ttl <= 0:
@@ -129,6 +175,12 @@ class Ledger:
         self._reserve = redis.register_script(_RESERVE)
         self._close = redis.register_script(_CLOSE)
         self._sweep = redis.register_script(_SWEEP)
+        self._fold = redis.register_script(_FOLD)
+        self._close_many = redis.register_script(_CLOSE_MANY)
+        self.settle_delay = settle_delay
+        self._held: list[_Held] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()  # strong references to timer-started flushes
 
     async def open(
         self,
@@ -199,7 +251,20 @@ class Ledger:
         rid, keys, args = self.reserve_call(goal_id, estimated_input, max_tokens, model)
         # Replicated (`bus.durability`) before the call is made: a reservation lost in a failover
         # would make its settle find nothing to close, and the call's spending would go uncounted.
-        out = await script_confirmed(self.redis, "ledger reserve", self._reserve, keys, args)
+        if not self._held:
+            out = await script_confirmed(self.redis, "ledger reserve", self._reserve, keys, args)
+            return reservation_from_reply(out, rid, goal_id, estimated_input, model)
+        # The settles held in this process ride along, closed before the reserve decides: this
+        # process's own held reservations never make it refuse.
+        held = self._take()
+        try:
+            closed, out = await script_confirmed(
+                self.redis, "ledger reserve", self._fold, keys, [*fold_args(held), *args]
+            )
+        except BaseException as exc:  # cancellation included: the closes may not have run
+            self._give_back(held, exc)
+            raise
+        self._tell(held, closed)
         return reservation_from_reply(out, rid, goal_id, estimated_input, model)
 
     async def settle(
@@ -222,6 +287,96 @@ class Ledger:
         """
         usage_args = self.settled_usage(usage, model or reservation.model)
         return await self._close_one(reservation, "settle", end_trouble, served, *usage_args)
+
+    async def settle_later(
+        self,
+        reservation: Reservation,
+        usage: Usage,
+        *,
+        model: str | None = None,
+        end_trouble: bool = False,
+        served: tuple[str, str] | None = None,
+        then: Callable[[int], None] | None = None,
+    ) -> None:
+        """`settle`, held back to ride on this process's next reserve, or sent on its own within
+        `settle_delay` seconds, or by `flush` (module doc: held settles). `then` is told the close's
+        reply (as `settle` returns it) once it ran; it is not told when the close failed, which is
+        logged (the reservation is then forfeited when it expires). With `settle_delay` 0, the
+        settle runs now."""
+        usage_args = self.settled_usage(usage, model or reservation.model)
+        args = self.close_args(reservation, "settle", end_trouble, served, *usage_args)
+        if self.settle_delay <= 0:
+            closed = await self._close_args(args, "settle")
+            if then is not None:
+                then(closed)
+            return
+        self._held.append(_Held(args, reservation, then))
+        self._arm()
+
+    @property
+    def held(self) -> int:
+        """Settles held back, not yet sent (`settle_later`)."""
+        return len(self._held)
+
+    async def flush(self) -> None:
+        """Send every held settle now. The books are exact after it (unless Redis could not be reached:
+        then the settles stay held, and are tried again within `settle_delay`)."""
+        while self._held:
+            held = self._take()
+            try:
+                closed = await script_confirmed(
+                    self.redis, "ledger settle", self._close_many, [self._open_key, self._expiry_key], fold_args(held)
+                )
+            except BaseException as exc:
+                self._give_back(held, exc)
+                if isinstance(exc, Exception):
+                    return
+                raise
+            self._tell(held, closed)
+
+    def _take(self) -> list[_Held]:
+        held, self._held = self._held[:FOLD_BATCH], self._held[FOLD_BATCH:]
+        if not self._held and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        return held
+
+    def _give_back(self, held: list[_Held], exc: BaseException) -> None:
+        """Closes that may not have run: held again (closing twice is harmless), up to FOLD_TRIES."""
+        kept = []
+        for h in held:
+            h.tries += 1
+            if h.tries < FOLD_TRIES or isinstance(exc, asyncio.CancelledError):
+                kept.append(h)
+            else:
+                # Given up: the reservation is forfeited at its full amount when it expires.
+                log.warning(
+                    "ledger.close_failed", goal_id=h.reservation.goal_id, reservation=h.reservation.id, error=repr(exc)
+                )
+        self._held[:0] = kept
+        if self._held:
+            self._arm()
+
+    def _tell(self, held: list[_Held], replies: Sequence[object]) -> None:
+        for h, reply in zip(held, replies, strict=True):
+            if isinstance(reply, int):
+                if h.then is not None:
+                    h.then(reply)
+                continue
+            # The close failed inside Redis (books that hold no number): the others still closed.
+            text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+            log.warning("ledger.close_failed", goal_id=h.reservation.goal_id, reservation=h.reservation.id, error=text)
+
+    def _arm(self) -> None:
+        """Make sure a flush is due within `settle_delay` while settles are held."""
+        if self._timer is None and self.settle_delay > 0:
+            self._timer = asyncio.get_running_loop().call_later(self.settle_delay, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        task = asyncio.ensure_future(self.flush())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
 
     def settled_usage(self, usage: Usage, model: str | None) -> list[int]:
         """The close script's usage arguments of a settle: tokens by kind, cost (micro-USD) and unpriced."""
@@ -260,14 +415,12 @@ class Ledger:
     async def _close_one(
         self, reservation: Reservation, mode: str, end_trouble: bool, served: tuple[str, str] | None, *usage: int
     ) -> int:
+        return await self._close_args(self.close_args(reservation, mode, end_trouble, served, *usage), mode)
+
+    async def _close_args(self, args: list[str | int], mode: str) -> int:
         # Replicated (`bus.durability`): a close lost with its reservation would leave spending uncounted.
-        out = await script_confirmed(
-            self.redis,
-            f"ledger {mode}",
-            self._close,
-            [self._open_key, self._expiry_key],
-            self.close_args(reservation, mode, end_trouble, served, *usage),
-        )
+        keys = [self._open_key, self._expiry_key]
+        out = await script_confirmed(self.redis, f"ledger {mode}", self._close, keys, args)
         return int(out)
 
     async def sweep(self) -> int:
@@ -300,6 +453,7 @@ __all__ = [
     "MIN_RESERVATION",
     "POOL_NAME_PATTERN",
     "RESERVATION_TTL",
+    "SETTLE_DELAY",
     "SWEEP_BATCH",
     "TENANT_NAME_PATTERN",
     "BudgetExhausted",

@@ -154,7 +154,13 @@ class MeteredModel:
         degrade: Degrade | None = None,
         breaker: Breaker | None = None,
         role: str | None = None,
+        hold_settles: bool = False,
     ) -> None:
+        """`hold_settles`: a call that succeeds on the same model as this instance's previous call
+        has its settle held to ride on the next reserve (`Ledger.settle_later`); whoever holds such a
+        model awaits `Ledger.flush` before storing what the calls produced. The first call, and the
+        first success after a failure, still settle at once: they may change the served model or
+        end the goal's provider trouble, which should be known at once."""
         self.route = inner if isinstance(inner, ModelRoute) else ModelRoute.of(inner)
         self.inner = self.route.chain[0]
         self.breaker = breaker
@@ -167,6 +173,8 @@ class MeteredModel:
         self.degrade = degrade
         self.name = self.inner.name
         self.model = self.inner.model
+        self.hold_settles = hold_settles
+        self._last_ok: str | None = None  # the label of this instance's previous call, if it succeeded
 
     def __repr__(self) -> str:
         return f"MeteredModel({self.inner!r}, goal_id={self.goal_id!r})"
@@ -311,7 +319,8 @@ class MeteredModel:
             self._observe(inner, response, failure, time.perf_counter() - started)
             # Shielded: a second cancellation must not stop the write (the reservation would still
             # be forfeited when it expires, but its tokens would be held until then).
-            await _shielded(self._close(reservation, response, failure, inner, label))
+            hold = self.hold_settles and not span.is_recording()  # a recording span reads the books after
+            await _shielded(self._close(reservation, response, failure, inner, label, hold))
             if grant is not None:
                 await _shielded(self._after_rate(model, grant, response, failure))
             if span.is_recording() and not isinstance(failure, asyncio.CancelledError):
@@ -352,6 +361,14 @@ class MeteredModel:
         """The event of a role's calls for the goal moving to a model: its first call, or a failover
         (the ledger's close says so, in the settle's own write: no read of its own)."""
         await self._emit("model.serving", {"role": self.role, "model": label, "model_id": inner.model})
+
+    def _served_later(self, closed: int, label: str, inner: ModelPort) -> None:
+        """A held settle closed: it changed the served model only if another worker's call had
+        changed it meanwhile; the event then goes out in the background."""
+        if closed == 2:
+            task = asyncio.ensure_future(self._serving(label, inner))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
 
     async def _rate_waited(self, grant: Grant) -> None:
         observe(lambda o: o.rate_limit_wait(grant.bucket, grant.waited))
@@ -409,7 +426,9 @@ class MeteredModel:
         failure: BaseException | None,
         inner: ModelPort,
         label: str,
+        hold: bool = False,
     ) -> None:
+        previous, self._last_ok = self._last_ok, label if response is not None else None
         try:
             served = (self.role, label) if self.role is not None else None
             # A success also ends the goal's provider trouble, in the settle's own write.
@@ -420,6 +439,15 @@ class MeteredModel:
                 closed = await self.ledger.settle_unknown(reservation, end_trouble=end_trouble, served=served)
                 if closed == 2:
                     await self._serving(label, inner)
+            elif response is not None and hold and previous == label:
+                await self.ledger.settle_later(
+                    reservation,
+                    response.usage,
+                    model=_priced_as(inner, response),
+                    end_trouble=end_trouble,
+                    served=served,
+                    then=lambda closed: self._served_later(closed, label, inner),
+                )
             elif response is not None:
                 closed = await self.ledger.settle(
                     reservation,
@@ -512,9 +540,12 @@ class ModelFactory:
     def model(self) -> str:
         return self._route_of().chain[0].model
 
-    def for_goal(self, goal_id: str, role: str | None = None, choice: str | None = None) -> MeteredModel:
+    def for_goal(
+        self, goal_id: str, role: str | None = None, choice: str | None = None, *, hold_settles: bool = False
+    ) -> MeteredModel:
         """The metered model of `role`'s calls for the goal (`choice`: the alias the goal asked for).
-        Raises `ModelConfigError` when `choice` is no configured alias."""
+        Raises `ModelConfigError` when `choice` is no configured alias. `hold_settles`: see
+        `MeteredModel`; the caller then awaits `flush_settles` before it stores a result."""
         return MeteredModel(
             self._route_of(role, choice),
             self._ledger,
@@ -525,4 +556,9 @@ class ModelFactory:
             self._degrade,
             self._breaker,
             role,
+            hold_settles,
         )
+
+    async def flush_settles(self) -> None:
+        """Close every settle this process holds (`Ledger.flush`): the books are exact after it."""
+        await self._ledger.flush()

@@ -38,7 +38,12 @@ class ToolDefinitions(Protocol):
 class ModelSource(Protocol):
     """Hands out the (metered) model a goal's calls must go through; the only way roles get a model."""
 
-    def for_goal(self, goal_id: str, role: str | None = None, choice: str | None = None) -> ModelPort: ...
+    def for_goal(
+        self, goal_id: str, role: str | None = None, choice: str | None = None, *, hold_settles: bool = False
+    ) -> ModelPort: ...
+
+    async def flush_settles(self) -> None:
+        """Close every settle held back by models given out with `hold_settles` (`bus.ledger`)."""
 
 
 class Limits(BaseModel):
@@ -136,9 +141,18 @@ class Runtime:
         """Every tool the planner may assign: the same catalog the executors run from."""
         return await self.tools.definitions() if self.tools is not None else list(self.tool_catalog)
 
-    def model_for(self, goal_id: str, role: str | None = None, choice: str | None = None) -> ModelPort:
+    def model_for(
+        self, goal_id: str, role: str | None = None, choice: str | None = None, *, hold_settles: bool = False
+    ) -> ModelPort:
         """The metered model of `role`'s calls for the goal; `choice` is the model alias the goal
-        asked for at submit (None: the role's configured model)."""
+        asked for at submit (None: the role's configured model). `hold_settles`: its calls' settles
+        may ride on later reserves (`bus.ledger`, held settles); await `flush_settles` before storing
+        what they produced."""
         if self.models is None:
             raise RuntimeError("this worker was started without a model")
-        return self.models.for_goal(goal_id, role, choice)
+        return self.models.for_goal(goal_id, role, choice, hold_settles=hold_settles)
+
+    async def flush_settles(self) -> None:
+        """Close every settle this process holds: the goals' books are exact after it."""
+        if self.models is not None:
+            await self.models.flush_settles()

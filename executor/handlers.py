@@ -308,7 +308,8 @@ async def _make_loop(
     return Loop(
         task_input,
         store,
-        rt.model_for(job.goal_id, "executor", goal.goal.model),
+        # Its settles ride on later reserves (one round trip per call); `_run_loop` flushes them.
+        rt.model_for(job.goal_id, "executor", goal.goal.model, hold_settles=True),
         gateway,
         rt.limits,
         is_cancelled,
@@ -327,7 +328,12 @@ async def _run_loop(
 ) -> str:
     """Run the loop under the lease and act on how it ended; returns that outcome (for metrics)."""
     try:
-        result = await loop.run()
+        try:
+            result = await loop.run()
+        finally:
+            # The books are exact before the attempt's result, pause or hand-over is stored. Should
+            # Redis be out of reach, the settles stay held and go out within the settle delay.
+            await rt.flush_settles()
     except Handover as handover:
         await _hand_over(rt, store, job, heartbeat, handover.steps)
         return "handover"

@@ -26,7 +26,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from bus.connection import SENTINEL_SCHEME, RedisUrlError, is_sentinel_url, parse_sentinel_url
 from bus.durability import ReplicaWait
 from bus.keys import Keys
-from bus.ledger import MIN_RESERVATION, RESERVATION_TTL
+from bus.ledger import MIN_RESERVATION, RESERVATION_TTL, SETTLE_DELAY
 from bus.prices import ModelPrice
 from bus.ratelimit import RateLimit, load_rate_limits
 from bus.retry import RetryPolicy
@@ -141,6 +141,11 @@ class Settings(Limits, BaseSettings):
     ledger_min_reservation: int = Field(default=MIN_RESERVATION, ge=1, description="fewest output tokens worth a call")
     ledger_reservation_ttl: float = Field(
         default=RESERVATION_TTL, gt=0, description="seconds before a reservation is forfeited"
+    )
+    # An executor's call settles by riding on the process's next reserve (one round trip per call
+    # instead of two), or on its own after this long; 0: every call settles on its own.
+    ledger_settle_delay: float = Field(
+        default=SETTLE_DELAY, ge=0, le=60, description="seconds a held settle waits for a reserve to ride on"
     )
     prices: Annotated[dict[str, ModelPrice], NoDecode] = Field(
         default_factory=dict,

@@ -128,6 +128,7 @@ def make_ledger(settings: Settings, redis: RedisPool) -> Ledger:
         min_reservation=settings.ledger_min_reservation,
         reservation_ttl=settings.ledger_reservation_ttl,
         prices=PriceTable(settings.all_prices()),
+        settle_delay=settings.ledger_settle_delay,
     )
 
 
@@ -565,6 +566,7 @@ async def _run_fleet(
         else:
             await asyncio.wait([*mains, stopper], return_when=asyncio.FIRST_COMPLETED)
         await _shutdown(workers, mains, [*side, stopper], settings.shutdown_grace)
+        await runtime.flush_settles()  # the jobs flushed theirs; a cancelled one may have left some
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()  # the fleet is done: what it held may be collected again (tests run many fleets)

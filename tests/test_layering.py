@@ -179,11 +179,7 @@ RULES = {
         "holds or runs a Lua script",
         holds_lua_source,
         PACKAGES_AND_BENCH,
-        {
-            **BUS,
-            "bench/ledger.py": "a prototype measured beside the ledger's own scripts (a call's settle folded "
-            "into the next reserve: bus's close and reserve scripts run as one); not in the product",
-        },
+        BUS,
     ),
     "lua_in_strings": Rule("holds Lua in a Python string", lua_in_strings, PACKAGES_AND_BENCH),
     "fakeredis_scripts": Rule(

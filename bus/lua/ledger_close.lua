@@ -7,14 +7,4 @@
 --       write tokens, cost, unpriced (0/1).
 -- Returns 1 if the reservation was open (and is now closed), 2 if so and the served model of the role
 -- changed (the first call of the role, or a failover), 0 if it was already closed.
-local u = {}
-for i = 6, #ARGV do u[#u + 1] = tonumber(ARGV[i]) end
-local extra, watch = {}, nil
-if ARGV[3] == '1' then extra = {'trouble_since', '0'} end
-if ARGV[4] ~= '' then
-  extra[#extra + 1] = ARGV[4]; extra[#extra + 1] = ARGV[5]
-  watch = {ARGV[4], ARGV[5]}
-end
-local closed = close(KEYS[1], KEYS[2], ARGV[1], ARGV[2], u, extra, watch)
-if closed then return closed end
-return 0
+return close_argv(KEYS[1], KEYS[2], ARGV, 1, #ARGV)

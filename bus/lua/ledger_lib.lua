@@ -110,6 +110,36 @@ local function close(open_key, expiry_key, member, mode, u, goal_extra, watch)
   return 1
 end
 
+-- One close from its arguments `a[first..last]` (ledger_close.lua's ARGV): 1 or 2 if it closed the
+-- reservation (2: the role's served model changed), 0 if it was closed already.
+local function close_argv(open_key, expiry_key, a, first, last)
+  local u = {}
+  for i = first + 5, last do u[#u + 1] = tonumber(a[i]) end
+  local extra, watch = {}, nil
+  if a[first + 2] == '1' then extra = {'trouble_since', '0'} end
+  if a[first + 3] ~= '' then
+    extra[#extra + 1] = a[first + 3]; extra[#extra + 1] = a[first + 4]
+    watch = {a[first + 3], a[first + 4]}
+  end
+  return close(open_key, expiry_key, a[first], a[first + 1], u, extra, watch) or 0
+end
+
+-- Closes listed in `a` from `first`: their number n, then each as a count c and c arguments of
+-- `close_argv`. Each runs on its own (pcall): one that fails (books that hold no number) is
+-- reported as its error's text, and the others still close. Returns the replies and the index of
+-- the first argument after the closes.
+local function close_many(open_key, expiry_key, a, first)
+  local replies, i = {}, first + 1
+  for _ = 1, tonumber(a[first]) do
+    local c = tonumber(a[i])
+    local ok, r = pcall(close_argv, open_key, expiry_key, a, i + 1, i + c)
+    if not ok then r = 'error: ' .. tostring(type(r) == 'table' and r.err or r) end
+    replies[#replies + 1] = r
+    i = i + c + 1
+  end
+  return replies, i
+end
+
 local function sweep(open_key, expiry_key, t, limit)
   local members = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', string.format('%.6f', t), 'LIMIT', 0, limit)
   for _, member in ipairs(members) do close(open_key, expiry_key, member, 'expire', nil) end

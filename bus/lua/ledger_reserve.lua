@@ -1,13 +1,15 @@
+-- Runs after a header that defines `A` (its arguments) and `reply` (what it returns):
+-- ledger_reserve_args.lua (a reserve of its own: A = ARGV) or ledger_fold.lua (closes first).
 -- KEYS: goal books, open hash, expiry zset.
--- ARGV: reservation id, input estimate, max_tokens, min output, ttl, input and output price
+-- A: reservation id, input estimate, max_tokens, min output, ttl, input and output price
 --       (micro-USD per million tokens, the dearest input rate), pool key prefix, sweep batch,
 --       model ('-' = none), priced (1/0), tenant key prefix.
 -- Returns {'ok', max_tokens, amount, expires_at, pools, worst cost, tenant pool name, spent permille,
 --         expiry entry}
 --       | {'missing'} | {'refused', pool name or '', unit, budget, spent, reserved, requested}
 local t = now()
-local inp, maxt, minr = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local pin, pout, priced = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[11] == '1'
+local inp, maxt, minr = tonumber(A[2]), tonumber(A[3]), tonumber(A[4])
+local pin, pout, priced = tonumber(A[6]), tonumber(A[7]), A[11] == '1'
 local function num(v) return tonumber(v or 0) or 0 end
 local function limit(v) local x = num(v); if x > 0 then return x end return nil end
 
@@ -41,7 +43,7 @@ local function decide()
   end
   add(KEYS[1], '', num(g[1]), num(g[2]), num(g[3]), limit(g[6]), num(g[7]), num(g[8]), {g[3], g[9], g[8]})
   for name in string.gmatch(g[4] or '', '[^\n]+') do
-    local key = ARGV[8] .. name
+    local key = A[8] .. name
     local p = redis.call('HMGET', key, 'budget', 'spent', 'reserved', 'budget_micro', 'cost_micro_usd',
                          'reserved_micro', 'open')
     -- A missing pool has token budget 0: it refuses.
@@ -51,9 +53,9 @@ local function decide()
   -- as they are now, so lowering them takes effect at the next reservation.
   local tkey, tname, tnew = '-', '', false
   if g[5] then
-    local c = redis.call('HMGET', ARGV[12] .. g[5], 'period', 'budget_tokens', 'budget_micro')
+    local c = redis.call('HMGET', A[12] .. g[5], 'period', 'budget_tokens', 'budget_micro')
     tname = 'tenant:' .. g[5] .. ':' .. period_label(c[1], t)
-    tkey = ARGV[8] .. tname
+    tkey = A[8] .. tname
     local p = redis.call('HMGET', tkey, 'spent', 'reserved', 'cost_micro_usd', 'reserved_micro', 'budget', 'open')
     tnew = not p[5]
     add(tkey, tname, limit(c[2]), num(p[1]), num(p[2]), limit(c[3]), num(p[3]), num(p[4]), {p[2], p[6], p[4]})
@@ -78,12 +80,12 @@ local function decide()
 end
 
 local g, books, tkey, tname, tnew, out, lim, unit, frac = decide()
-if not g then return {'missing'} end
+if not g then return reply({'missing'}) end
 -- Expired reservations (their holders died) are forfeited only when they could matter: when this
 -- call cannot have its full max_tokens. Then they are swept, and the call decided again. A call
 -- with room to spare costs no sweep; `Ledger.sweep`, every snapshot and the supervisor's rounds
 -- sweep too.
-if out < maxt and sweep(KEYS[2], KEYS[3], t, tonumber(ARGV[9])) > 0 then
+if out < maxt and sweep(KEYS[2], KEYS[3], t, tonumber(A[9])) > 0 then
   g, books, tkey, tname, tnew, out, lim, unit, frac = decide()
 end
 local floor = math.max(1, math.min(maxt, minr))
@@ -91,10 +93,10 @@ if out < floor then
   redis.call('HINCRBY', KEYS[1], 'refusals', 1)
   if lim.name ~= '' then redis.call('HINCRBY', lim.key, 'refusals', 1) end
   if unit == 'tokens' then
-    return {'refused', lim.name, unit, tostring(lim.tb), tostring(lim.ts), tostring(lim.tr), tostring(inp + floor)}
+    return reply({'refused', lim.name, unit, tostring(lim.tb), tostring(lim.ts), tostring(lim.tr), tostring(inp + floor)})
   end
-  return {'refused', lim.name, unit, tostring(lim.ub), tostring(lim.us), tostring(lim.ur),
-          tostring(math.ceil((inp * pin + floor * pout) / 1000000))}
+  return reply({'refused', lim.name, unit, tostring(lim.ub), tostring(lim.us), tostring(lim.ur),
+                tostring(math.ceil((inp * pin + floor * pout) / 1000000))})
 end
 
 local amount = inp + out
@@ -125,14 +127,14 @@ for _, b in ipairs(books) do
   end
 end
 if tnew then
-  redis.call('ZADD', ARGV[12] .. g[5] .. ':periods', string.format('%.6f', t), tname)
+  redis.call('ZADD', A[12] .. g[5] .. ':periods', string.format('%.6f', t), tname)
 end
-local rec = {ARGV[1], KEYS[1], tostring(amount), tostring(fcost), ARGV[10], tkey}
+local rec = {A[1], KEYS[1], tostring(amount), tostring(fcost), A[10], tkey}
 for _, b in ipairs(books) do
   if b.key ~= KEYS[1] and b.key ~= tkey then rec[#rec + 1] = b.key end
 end
-local expires = t + tonumber(ARGV[5])
+local expires = t + tonumber(A[5])
 local member = table.concat(rec, '\n')
 redis.call('ZADD', KEYS[3], string.format('%.6f', expires), member)
-return {'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or '', tostring(fcost), tname,
-        tostring(math.floor(frac * 1000)), member}
+return reply({'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or '', tostring(fcost),
+              tname, tostring(math.floor(frac * 1000)), member})
