@@ -45,10 +45,11 @@ overrun, because the call is made with `max_tokens` clamped to the reservation.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import structlog
 from redis.asyncio import Redis
@@ -93,6 +94,12 @@ SETTLE_DELAY: float = 0.25
 def ledger_keys(keys: Keys) -> tuple[str, str, str]:
     """(open-reservations hash, expiry sorted set, pool key prefix)."""
     return keys.ledger_open(), keys.ledger_expiry(), keys.pool_prefix()
+
+
+@lru_cache(maxsize=256)
+def model_tag(model: str | None) -> str:
+    """The model as a line of a reservation's record and part of field names: no whitespace."""
+    return "-" if model is None else re.sub(r"\s", "_", model)[:200] or "-"
 
 
 # -- the clamp decision (pure; the reserve script implements the same rule) -----------------------
@@ -216,10 +223,8 @@ class Ledger:
         """The reserve script's (reservation id, KEYS, ARGV) for one call (see `reserve`)."""
         if estimated_input < 0 or max_tokens < 1:
             raise ValueError(f"need estimated_input >= 0 and max_tokens >= 1, got {estimated_input}, {max_tokens}")
-        rid = uuid.uuid4().hex
+        rid = os.urandom(16).hex()  # as unique as a uuid4's hex, at a fifth of its cost
         price_in, price_out = self.prices.per_mtok_micro(model, estimated_input)
-        # The model is a line of the reservation's record and part of field names: no whitespace.
-        model_tag = "-" if model is None else re.sub(r"\s", "_", model)[:200] or "-"
         keys = [self.keys.ledger(goal_id), self._open_key, self._expiry_key]
         args: list[str | int | float] = [
             rid,
@@ -231,7 +236,7 @@ class Ledger:
             price_out,
             self._pool_prefix,
             SWEEP_BATCH,
-            model_tag,
+            model_tag(model),
             int(self.prices.priced(model)),
             self.keys.tenant(""),
         ]
@@ -335,10 +340,9 @@ class Ledger:
             self._tell(held, closed)
 
     def _take(self) -> list[_Held]:
+        # The timer stays armed: cancelling and re-arming it around every call cost more than a
+        # timer that, when due, finds nothing to send.
         held, self._held = self._held[:FOLD_BATCH], self._held[FOLD_BATCH:]
-        if not self._held and self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         return held
 
     def _give_back(self, held: list[_Held], exc: BaseException) -> None:
@@ -374,6 +378,8 @@ class Ledger:
 
     def _due(self) -> None:
         self._timer = None
+        if not self._held:
+            return
         task = asyncio.ensure_future(self.flush())
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)

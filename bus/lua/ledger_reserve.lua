@@ -114,7 +114,7 @@ for _, b in ipairs(books) do
     local args = {}
     for i, field in ipairs(fields) do
       args[#args + 1] = field
-      args[#args + 1] = string.format('%d', int_of(b.raw[i], b.key, field) + delta[i])
+      args[#args + 1] = int_of(b.raw[i], b.key, field) + delta[i]  -- a number: exact (ledger_lib)
     end
     if b.key == tkey and tnew then
       -- A new period's books: `budget` 0 marks them as existing (the limits live in the tenant's settings).
@@ -135,6 +135,7 @@ for _, b in ipairs(books) do
 end
 local expires = t + tonumber(A[5])
 local member = table.concat(rec, '\n')
-redis.call('ZADD', KEYS[3], string.format('%.6f', expires), member)
-return reply({'ok', tostring(out), tostring(amount), string.format('%.6f', expires), g[4] or '', tostring(fcost),
+local expires_at = string.format('%.6f', expires)
+redis.call('ZADD', KEYS[3], expires_at, member)
+return reply({'ok', tostring(out), tostring(amount), expires_at, g[4] or '', tostring(fcost),
               tname, tostring(math.floor(frac * 1000)), member})
