@@ -365,6 +365,10 @@ def worker_env(bench: Bench, *, poll_delay: float, base_url: str, **extra: str) 
     # for A/B runs; `BENCH_GC_PROBE=DIR` records every collection of theirs (bench/gcprobe).
     if os.environ.get("BENCH_GC_THRESHOLD"):
         env["TASKLOOM_GC_THRESHOLD"] = os.environ["BENCH_GC_THRESHOLD"]
+    # `BENCH_SETTLE_DELAY=0` makes every model call settle on its own (TASKLOOM_LEDGER_SETTLE_DELAY),
+    # for A/B runs against the executors' held settles.
+    if os.environ.get("BENCH_SETTLE_DELAY"):
+        env["TASKLOOM_LEDGER_SETTLE_DELAY"] = os.environ["BENCH_SETTLE_DELAY"]
     if os.environ.get("BENCH_GC_PROBE"):
         env["PYTHONPATH"] = os.pathsep.join((str(REPO / "bench" / "gcprobe"), env["PYTHONPATH"]))
     env.update(extra)

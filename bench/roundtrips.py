@@ -19,7 +19,11 @@ then overlap in one process, so a command goes to one of them; the totals per ty
 
 What is left is idle traffic (queue polls, wake-up reads, heartbeats, health checks, watchdog and
 supervisor passes) and the benchmark's own client (submit, wait), reported per goal. Round trips
-count what a client sent (a pipeline's commands are one round trip; MULTI...EXEC is one).
+count what a client sent: MULTI...EXEC is one, and so is a pipeline. MONITOR does not mark a
+pipeline; Redis runs the commands a client sent together one after the other, before any other
+client's, so a command that follows its client's previous one (and that one's script) within
+PIPELINE_GAP_S, with no other client's command between, is counted in the same round trip. A new
+round trip cannot start that soon: the client must first read the reply and send again.
 """
 
 from __future__ import annotations
@@ -63,12 +67,20 @@ IDLE = re.compile(
 )
 
 
+# Longest gap between the end of a client's command and its next one for both to count as one
+# pipeline (one round trip). Measured under MONITOR on the 2-core machine (bench/RESULTS.md): the
+# commands of a pipeline followed each other within 0-45 us, a client's next round trip came 60 us
+# or more after its previous command (a PING round trip alone is 75-160 us there).
+PIPELINE_GAP_S = 50e-6
+
+
 @dataclass
 class Command:
     t: float
     client: str  # host:port, or "lua" for a command a script ran
     name: str
     raw: str
+    piped: bool = False  # sent in the same pipeline as its client's previous command (see the module doc)
 
 
 @dataclass
@@ -128,13 +140,15 @@ def parse_monitor(lines: list[str], prefix: str) -> list[Command]:
             ours.add(client)
         out.append(Command(float(m.group(1)), client, raw.split(" ", 1)[0].strip('"').upper(), raw))
     kept: list[Command] = []
-    last = ""
+    last, last_t = "", 0.0
     for c in out:
         if c.client == "lua":
             if last in ours:
                 kept.append(c)
+            last_t = c.t
             continue
-        last = c.client
+        c.piped = c.client == last and c.t - last_t <= PIPELINE_GAP_S
+        last, last_t = c.client, c.t
         if c.client in ours:
             kept.append(c)
     return kept
@@ -199,7 +213,7 @@ def attribute(
             t.first.extend([f"{part:7} {'MULTI'}"] * opened + [f"{part:7} {_short(c.raw, prefix)}"])
         in_tx = bool(opened) or c.client in last
         setattr(t, part, getattr(t, part) + 1 + opened)
-        if opened or not (in_tx or closing):
+        if opened or not (in_tx or closing or c.piped):
             setattr(t, f"{part}_trips", getattr(t, f"{part}_trips") + 1)
         t.by_command[c.name] += 1
         if opened:

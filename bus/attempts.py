@@ -16,10 +16,11 @@ executor whose lease was taken over is told so (`LeaseLost`) at its next write.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
 from llm.types import Message, ModelResponse, Usage
 
@@ -29,6 +30,9 @@ from .keys import Keys
 from .replies import as_str
 from .schemas import Event, TaskResult
 from .scripts import module_scripts
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
 
 # How one tool call ended (the gateway decides; the step record keeps it). `repeated`: answered
 # with a warning instead of running (an identical call already succeeded); `loop`: repeated again
@@ -118,9 +122,19 @@ class AttemptStore:
     """Checkpoints of one task attempt, written under its lease."""
 
     def __init__(
-        self, redis: Redis, keys: Keys, goal_id: str, task_id: str, attempt: int, events_maxlen: int = 10_000
+        self,
+        redis: Redis,
+        keys: Keys,
+        goal_id: str,
+        task_id: str,
+        attempt: int,
+        events_maxlen: int = 10_000,
+        ledger: Ledger | None = None,
     ) -> None:
+        """`ledger`: the process's, whose held settles (`bus.ledger`) ride on this attempt's writes:
+        a model call's settle goes out with the step or turn stored right after it."""
         self.redis = redis
+        self.ledger = ledger
         self.keys = keys
         self.events_maxlen = events_maxlen
         self.streams = [keys.goal_events(goal_id), keys.global_events()]
@@ -237,9 +251,10 @@ class AttemptStore:
         self._empty = False
         self._only_turn = None
         body = encode(event) if event is not None else ""
-        ok = await self._pending_set(
-            keys=[self.lease_key, self.pending_key, *self.streams],
-            args=[self.epoch, body, self.events_maxlen, *pairs],
+        ok = await self._write(
+            self._pending_set,
+            [self.lease_key, self.pending_key, *self.streams],
+            [self.epoch, body, self.events_maxlen, *pairs],
         )
         if not ok:
             raise LeaseLost(self.member, self.epoch)
@@ -262,9 +277,10 @@ class AttemptStore:
         wanted after the last step of an attempt)."""
         self._empty = False
         self._only_turn = None
-        out = await self._append(
-            keys=[self.lease_key, self.steps_key, self.pending_key, self.task_key],
-            args=[self.epoch, step.index, step.model_dump_json(), int(read_task)],
+        out = await self._write(
+            self._append,
+            [self.lease_key, self.steps_key, self.pending_key, self.task_key],
+            [self.epoch, step.index, step.model_dump_json(), int(read_task)],
         )
         if not int(out[0]):
             raise LeaseLost(self.member, self.epoch)
@@ -281,13 +297,33 @@ class AttemptStore:
 
     async def save_result(self, result: TaskResult) -> bool:
         """Store the attempt's result under the lease; False if a result was already stored."""
-        out = await self._save_result(
-            keys=[self.lease_key, self.results_key],
-            args=[self.epoch, self.keys.result_field(result.task_id, result.attempt), result.model_dump_json()],
+        out = await self._write(
+            self._save_result,
+            [self.lease_key, self.results_key],
+            [self.epoch, self.keys.result_field(result.task_id, result.attempt), result.model_dump_json()],
         )
         if not out:
             raise LeaseLost(self.member, self.epoch)
         return int(out) == 1
+
+    async def _write(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """Run one of the attempt's write scripts. The settles the process holds go first, in the same
+        round trip (each script atomic on its own): the executor's model calls then cost the ledger
+        one round trip each (the reserve), and the books are exact as soon as a step is stored."""
+        carried = self.ledger.held_call() if self.ledger is not None else None
+        if carried is None:
+            return await script(keys=keys, args=args)
+        assert self.ledger is not None
+        close, held = carried
+        try:
+            closed, out = await run_scripts(self.redis, [close, ScriptCall(script, keys, args)])
+        except BaseException as exc:  # the round trip failed: the closes may not have run
+            self.ledger.held_done(held, exc)
+            raise
+        self.ledger.held_done(held, closed)
+        if isinstance(out, BaseException):
+            raise out
+        return out
 
 
 async def claim_expired(redis: Redis, keys: Keys, limit: int, hold_for: float) -> list[tuple[str, str, int]]:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -57,7 +58,8 @@ from redis.exceptions import ResponseError
 
 from llm.types import Usage
 
-from .durability import script_confirmed
+from .batch import ScriptCall
+from .durability import policy_of, script_confirmed
 from .events import CorruptRecord, first_error
 from .keys import Keys
 from .ledger_records import (
@@ -338,6 +340,23 @@ class Ledger:
                     return
                 raise
             self._tell(held, closed)
+
+    def held_call(self) -> tuple[ScriptCall, list[_Held]] | None:
+        """The held settles as one script call for another write's round trip (`bus.batch`), or None
+        (nothing held, or a replica policy: a settle then goes out as a guarded write of its own).
+        Hand back the call's reply, or what it raised, with `held_done`."""
+        if not self._held or policy_of(self.redis).replicas:
+            return None
+        held = self._take()
+        keys = [self._open_key, self._expiry_key]
+        return ScriptCall(self._close_many, keys, fold_args(held)), held
+
+    def held_done(self, held: list[_Held], reply: object) -> None:
+        """The outcome of a `held_call`: the closes' replies, or the exception it raised or returned."""
+        if isinstance(reply, BaseException):
+            self._give_back(held, reply)
+        else:
+            self._tell(held, typing.cast(Sequence[object], reply))
 
     def _take(self) -> list[_Held]:
         # The timer stays armed: cancelling and re-arming it around every call cost more than a

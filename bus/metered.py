@@ -156,11 +156,11 @@ class MeteredModel:
         role: str | None = None,
         hold_settles: bool = False,
     ) -> None:
-        """`hold_settles`: a call that succeeds on the same model as this instance's previous call
-        has its settle held to ride on the next reserve (`Ledger.settle_later`); whoever holds such a
-        model awaits `Ledger.flush` before storing what the calls produced. The first call, and the
-        first success after a failure, still settle at once: they may change the served model or
-        end the goal's provider trouble, which should be known at once."""
+        """`hold_settles`: a call that succeeds has its settle held, to ride on the process's next
+        write that carries held settles, or its next reserve (`Ledger.settle_later`); whoever holds
+        such a model awaits `Ledger.flush` before storing what the calls produced. The served model
+        and the end of provider trouble are written with the settle; a change of the served model
+        is announced (`model.serving`) once the settle ran."""
         self.route = inner if isinstance(inner, ModelRoute) else ModelRoute.of(inner)
         self.inner = self.route.chain[0]
         self.breaker = breaker
@@ -174,7 +174,6 @@ class MeteredModel:
         self.name = self.inner.name
         self.model = self.inner.model
         self.hold_settles = hold_settles
-        self._last_ok: str | None = None  # the label of this instance's previous call, if it succeeded
 
     def __repr__(self) -> str:
         return f"MeteredModel({self.inner!r}, goal_id={self.goal_id!r})"
@@ -363,8 +362,8 @@ class MeteredModel:
         await self._emit("model.serving", {"role": self.role, "model": label, "model_id": inner.model})
 
     def _served_later(self, closed: int, label: str, inner: ModelPort) -> None:
-        """A held settle closed: it changed the served model only if another worker's call had
-        changed it meanwhile; the event then goes out in the background."""
+        """A held settle closed; if it changed the served model (the role's first call for the goal,
+        or a failover), the event goes out in the background."""
         if closed == 2:
             task = asyncio.ensure_future(self._serving(label, inner))
             _background.add(task)
@@ -428,7 +427,6 @@ class MeteredModel:
         label: str,
         hold: bool = False,
     ) -> None:
-        previous, self._last_ok = self._last_ok, label if response is not None else None
         try:
             served = (self.role, label) if self.role is not None else None
             # A success also ends the goal's provider trouble, in the settle's own write.
@@ -439,7 +437,7 @@ class MeteredModel:
                 closed = await self.ledger.settle_unknown(reservation, end_trouble=end_trouble, served=served)
                 if closed == 2:
                     await self._serving(label, inner)
-            elif response is not None and hold and previous == label:
+            elif response is not None and hold:
                 await self.ledger.settle_later(
                     reservation,
                     response.usage,
@@ -545,7 +543,7 @@ class ModelFactory:
     ) -> MeteredModel:
         """The metered model of `role`'s calls for the goal (`choice`: the alias the goal asked for).
         Raises `ModelConfigError` when `choice` is no configured alias. `hold_settles`: see
-        `MeteredModel`; the caller then awaits `flush_settles` before it stores a result."""
+        `MeteredModel`; the caller then flushes the ledger before it stores a result."""
         return MeteredModel(
             self._route_of(role, choice),
             self._ledger,
@@ -558,7 +556,3 @@ class ModelFactory:
             role,
             hold_settles,
         )
-
-    async def flush_settles(self) -> None:
-        """Close every settle this process holds (`Ledger.flush`): the books are exact after it."""
-        await self._ledger.flush()

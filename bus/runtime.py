@@ -18,7 +18,7 @@ from llm.types import ToolDef
 from .events import EventLog
 from .jobs import Jobs
 from .keys import Keys
-from .ledger import BudgetExhausted
+from .ledger import BudgetExhausted, Ledger
 from .live import LivePublisher
 from .renewals import Renewals
 from .retry import RetryPolicy
@@ -41,9 +41,6 @@ class ModelSource(Protocol):
     def for_goal(
         self, goal_id: str, role: str | None = None, choice: str | None = None, *, hold_settles: bool = False
     ) -> ModelPort: ...
-
-    async def flush_settles(self) -> None:
-        """Close every settle held back by models given out with `hold_settles` (`bus.ledger`)."""
 
 
 class Limits(BaseModel):
@@ -104,6 +101,9 @@ class Runtime:
     renewals: Renewals | None = None
     # Where the executors' model calls stream their words (bus.live); None: no live text.
     live: LivePublisher | None = None
+    # The process's ledger (the models' too): its held settles ride on the attempts' writes and are
+    # flushed before a result is stored (bus.ledger). None: no model, or a ledger of the models' own.
+    ledger: Ledger | None = None
 
     @classmethod
     def build(cls, redis: ArqRedis, keys: Keys, events_maxlen: int = 10_000, **extra: Any) -> Runtime:
@@ -154,5 +154,5 @@ class Runtime:
 
     async def flush_settles(self) -> None:
         """Close every settle this process holds: the goals' books are exact after it."""
-        if self.models is not None:
-            await self.models.flush_settles()
+        if self.ledger is not None:
+            await self.ledger.flush()

@@ -158,7 +158,8 @@ async def _execute(
 ) -> None:
     """`goal` and the task (`read`): as `execute` read them together, just before taking the tenant
     slot (`slot`; the goal was not terminal then)."""
-    store = AttemptStore(rt.redis, rt.keys, job.goal_id, job.task_id, job.attempt, rt.events.maxlen)
+    # The process's held settles ride on the attempt's writes (bus.ledger).
+    store = AttemptStore(rt.redis, rt.keys, job.goal_id, job.task_id, job.attempt, rt.events.maxlen, rt.ledger)
     holder = f"{HOLDER}:{uuid.uuid4().hex[:8]}"
     task = await _start(rt, job, read, store, holder)
     if task is None:
@@ -308,7 +309,8 @@ async def _make_loop(
     return Loop(
         task_input,
         store,
-        # Its settles ride on later reserves (one round trip per call); `_run_loop` flushes them.
+        # Its settles ride on the attempt's next write (one ledger round trip per call); `_run_loop`
+        # flushes what is left.
         rt.model_for(job.goal_id, "executor", goal.goal.model, hold_settles=True),
         gateway,
         rt.limits,

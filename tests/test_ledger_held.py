@@ -19,13 +19,14 @@ from sentinel import SentinelCluster
 from structlog.testing import capture_logs
 from tcpproxy import TcpProxy
 
+from bus.attempts import AttemptStore, LeaseLost, StepRecord
 from bus.keys import Keys
 from bus.ledger import FOLD_TRIES, BudgetExhausted, Ledger, LedgerSnapshot
 from bus.metered import MeteredModel
 from llm.anthropic import AnthropicModel
 from llm.errors import RetryableModelError
 from llm.testing import FakeAnthropicServer, server_error, text_reply
-from llm.types import Message, ModelRequest, Usage
+from llm.types import Message, ModelRequest, TextBlock, Usage
 
 USAGE = Usage(input_tokens=120, output_tokens=80, cache_read_tokens=30)  # 230 tokens
 
@@ -210,16 +211,19 @@ async def test_settles_held_while_redis_is_out_of_reach_go_out_once_it_is_back(c
 # -- the metered model: which settles are held ------------------------------------------------------
 
 
+def _step(index: int, text: str) -> StepRecord:
+    turn = Message(role="assistant", content=[TextBlock(text=text)])
+    return StepRecord(index=index, assistant=turn, stop_reason="end_turn")
+
+
 def _request() -> ModelRequest:
     return ModelRequest(system="Be terse.", messages=[Message.user("Refund order A100?")], max_tokens=500)
 
 
-async def test_a_metered_model_holds_only_repeat_successes_and_the_books_match_the_bill(
-    ledger: Ledger,
-) -> None:
-    """The first call, and the first success after a failure, settle at once (the served model
-    and the end of provider trouble are written then); later successes on the same model are held.
-    After a flush the books equal what the fake provider billed."""
+async def test_a_metered_model_holds_every_success_and_the_books_match_the_bill(ledger: Ledger) -> None:
+    """Each success is held (a failure's release is not); the next reserve carries what is held, and
+    the first call's served model is written and announced once its settle ran. After a flush the
+    books equal what the fake provider billed."""
     with FakeAnthropicServer() as server:
         claude = AnthropicModel("claude-test", api_key="sk-ant-test", base_url=server.base_url, max_retries=0)
         try:
@@ -227,27 +231,46 @@ async def test_a_metered_model_holds_only_repeat_successes_and_the_books_match_t
             model = MeteredModel(claude, ledger, "g", role="executor", hold_settles=True)
             server.enqueue(
                 text_reply("one", output_tokens=11),
-                text_reply("two", output_tokens=12),
                 server_error(500, should_retry=True),
-                text_reply("three", output_tokens=13),
-                text_reply("four", output_tokens=14),
+                text_reply("two", output_tokens=12),
             )
             await model.complete(_request())
+            assert ledger.held == 1
+            held = await ledger.snapshot("g")
+            assert (held.calls, held.open, held.served_by) == (0, 1, {})
+            with pytest.raises(RetryableModelError):
+                await model.complete(_request())  # its reserve carried the first call's settle
             assert ledger.held == 0
             snap = await ledger.snapshot("g")
-            assert (snap.calls, snap.served_by) == (1, {"executor": "claude-test"})
-            await model.complete(_request())
-            assert ledger.held == 1
-            with pytest.raises(RetryableModelError):
-                await model.complete(_request())  # its reserve carried the held settle
-            assert ledger.held == 0
-            await model.complete(_request())  # the first success after a failure: at once
-            assert ledger.held == 0
+            assert (snap.calls, snap.releases, snap.open, snap.served_by) == (1, 1, 0, {"executor": "claude-test"})
             await model.complete(_request())
             assert ledger.held == 1
             await ledger.flush()
             snap = await ledger.snapshot("g")
-            assert (snap.reserved, snap.open, snap.calls, snap.releases) == (0, 0, 4, 1)
+            assert (snap.reserved, snap.open, snap.calls, snap.releases) == (0, 0, 2, 1)
             assert snap.spent == server.billed.total
         finally:
             await claude.aclose()
+
+
+async def test_held_settles_ride_on_an_attempts_next_write(ledger: Ledger, redis: ArqRedis, keys: Keys) -> None:
+    """An attempt's write (the step stored after a model call) carries the settles the process holds,
+    in its own round trip: the books are exact once it returns, and the write's reply is its own."""
+    await ledger.open("g", 100_000)
+    store = AttemptStore(redis, keys, "g", "t", 1, ledger=ledger)
+    assert await store.acquire("worker-1", 30)
+    res = await ledger.reserve("g", 300, 1000)
+    told: list[int] = []
+    await ledger.settle_later(res, USAGE, then=told.append)
+    await store.append_step(_step(0, "done"))
+    assert ledger.held == 0 and told == [1]
+    assert_exact(await ledger.snapshot("g"), calls=1, spent=230)
+    assert [s.index for s in await store.steps()] == [0]
+    # The lease lost: the write still raises as its own, and the settle it carried still ran.
+    res = await ledger.reserve("g", 300, 1000)
+    await ledger.settle_later(res, USAGE)
+    await redis.delete(store.lease_key)  # another executor's now, as after an expiry
+    with pytest.raises(LeaseLost):
+        await store.append_step(_step(1, "late"))
+    assert ledger.held == 0
+    assert_exact(await ledger.snapshot("g"), calls=2, spent=460)

@@ -264,8 +264,7 @@ def test_the_scan_catches_each_forbidden_import(tmp_path: Path) -> None:
 
 
 def test_the_factory_hands_out_only_metered_models(ledger: Ledger) -> None:
-    """Every method of ModelFactory that returns a model returns a MeteredModel, bound to its goal
-    (the others return nothing: `flush_settles`)."""
+    """Every method of ModelFactory that returns a model returns a MeteredModel, bound to its goal."""
     factory = ModelFactory(StubModel(), ledger)
     model = factory.for_goal("g")
     assert type(model) is MeteredModel and model.goal_id == "g" and isinstance(model, ModelPort)
@@ -274,6 +273,6 @@ def test_the_factory_hands_out_only_metered_models(ledger: Ledger) -> None:
     for name, member in vars(ModelFactory).items():
         if callable(member) and not name.startswith("_"):
             returns = typing.get_type_hints(member).get("return")
-            assert returns in (MeteredModel, type(None)), f"ModelFactory.{name} returns {returns}"
+            assert returns is MeteredModel, f"ModelFactory.{name} returns {returns}"
     with pytest.raises(TypeError):
         ModelFactory(model, ledger)
