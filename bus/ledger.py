@@ -29,12 +29,15 @@ reservations' amounts and `spent` the sum of the kinds. The scripts never parse 
 from Redis (`TIME`), so workers' clocks do not matter.
 
 Held settles (`settle_later`): an executor's call does not settle on its own. Its settle is held in
-the process and rides on the process's next reserve (the closes run first, then the reserve, in one
-script: one round trip per call instead of two), or is sent on its own after `settle_delay` seconds,
-or by `flush`, which the executor awaits before it stores a result, so the books are exact whenever a
-result is. Until then the call's whole reservation stays held: never a token over any budget, but a
-reserve from another process may find less room, for at most `settle_delay`. A crash loses the held
-settles; their reservations are forfeited in full when they expire, counted as spent, never as free.
+the process and rides on the next write that can carry it: the attempt's next write (`held_call`,
+used by `bus.attempts.AttemptStore`: the step stored right after the call, in the same round trip),
+or the process's next reserve (the closes run first, then the reserve, in one script). Either way a
+call costs one round trip instead of two. What nothing picks up is sent on its own after
+`settle_delay` seconds, or by `flush`, which the executor awaits before it stores a result, so the
+books are exact whenever a result is. Until then the call's whole reservation stays held: never a
+token over any budget, but a reserve from another process may find less room for that moment. A
+crash loses the held settles; their reservations are forfeited in full when they expire, counted as
+spent, never as free.
 
 Budgets count tokens of every kind alike (a cache read is a token against the budget). Input
 estimates (`llm.estimate`) are conservative: they err high. When usage still exceeds the
