@@ -624,6 +624,49 @@ async def test_load_more_survives_live_events(idle_console: Console) -> None:
     await c.shot(page, "after-load-more")
 
 
+async def test_a_click_on_a_row_is_not_moved_by_a_goal_arriving_on_top(idle_console: Console) -> None:
+    """A goal that arrives while a button is held down on a row does not move that row under the
+    pointer: the table waits for the release, so the click opens the goal it was pressed on (the
+    new row on top made the release land on another row, and the click was lost). A release
+    anywhere else lets the waiting redraw happen."""
+    c = idle_console
+    first = await c.client.submit("The goal that is clicked")
+    page = await c.page()
+    row = page.locator(f'tr.goal-row[data-goal="{first}"]')
+    await row.wait_for(timeout=WAIT_MS)
+
+    async def press_on_first_row() -> None:
+        box = await row.locator("td.age").bounding_box()
+        assert box is not None
+        await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        await page.mouse.down()
+
+    async def arrive(text: str) -> str:
+        """A new goal, and the page's fetch of the goals list that follows its event."""
+        async with page.expect_response(lambda r: "/v1/goals?" in r.url, timeout=WAIT_MS):
+            gid = await c.client.submit(text)
+        await asyncio.sleep(0.3)  # the redraw, had it not waited, is done
+        return gid
+
+    await press_on_first_row()
+    second = await arrive("A goal arriving on top while the button is down")
+    assert await page.locator(f'tr.goal-row[data-goal="{second}"]').count() == 0
+    await page.mouse.up()
+    await page.wait_for_selector("#goal-text", timeout=WAIT_MS)
+    assert page.url.endswith(f"#/goals/{first}")
+
+    await page.evaluate("location.hash = '#/'")
+    await row.wait_for(timeout=WAIT_MS)
+    await press_on_first_row()
+    third = await arrive("Another one, released away from the table")
+    await page.mouse.move(5, 5)
+    await page.mouse.up()
+    await page.locator(f'tr.goal-row[data-goal="{third}"]').wait_for(timeout=WAIT_MS)
+    rows = await page.locator("tr.goal-row").evaluate_all("rs => rs.map(r => r.dataset.goal)")
+    assert rows == [third, second, first]
+    assert page.url.endswith("#/")
+
+
 async def test_an_unknown_goal_says_so_and_stops(idle_console: Console) -> None:
     """A goal id that does not exist gets a plain "no such goal" page, and the console does not keep trying."""
     page = await idle_console.page(width=PHONE)

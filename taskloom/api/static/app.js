@@ -392,7 +392,26 @@
     // other than the link are renewed in place: replaced rows made a click that spanned a redraw
     // press one link and release another, and a click so split is lost.
     let shown = new Map();
+    // While a button is held down on the table, redraws wait for its release: a goal arriving on top
+    // moved the rows under the pointer, so the release landed on another row and the click was lost.
+    let pressed = false;
+    let owed = false;
+    body.addEventListener("pointerdown", () => { pressed = true; });
+    function released() {
+      if (!body.isConnected) {
+        document.removeEventListener("pointerup", released, true);
+        document.removeEventListener("pointercancel", released, true);
+        return;
+      }
+      if (!pressed) return;
+      pressed = false;
+      if (owed) setTimeout(draw); // after the click this release makes
+    }
+    document.addEventListener("pointerup", released, true);
+    document.addEventListener("pointercancel", released, true);
     function draw() {
+      owed = pressed;
+      if (pressed) return;
       const next = new Map();
       for (const g of rows) {
         const fresh = row(g);
