@@ -293,8 +293,9 @@ async def test_goal_text_with_script_is_shown_as_text(console: Console) -> None:
 
 
 async def test_a_click_that_spans_a_live_redraw_still_opens_the_goal(console: Console) -> None:
-    """The goals table redraws on every event. A goal's row and link stay the same elements across
-    redraws, so a click pressed before one and released after it still opens the goal (a replaced
+    """The goals table redraws on every event. One due while a button is held down on the table
+    waits for the release, and a goal's row and link stay the same elements across redraws, so a
+    click pressed before the goal moved on and released after it still opens the goal (a replaced
     link made the press and the release land on two elements, and the click was lost)."""
     gid = await console.client.submit(f"Wipe the scratch disk {GATED}")
     page = await console.page()
@@ -304,12 +305,14 @@ async def test_a_click_that_spans_a_live_redraw_still_opens_the_goal(console: Co
     assert box is not None
     await page.mouse.move(box["x"] + 5, box["y"] + box["height"] / 2)
     await page.mouse.down()
-    # The goal moves on meanwhile: its row is redrawn (no longer waiting) under the pressed button.
-    assert await console.client.decide(gid, await pending_call(console.client, gid), True, by="test")
-    await page.locator(f'tr.goal-row[data-goal="{gid}"]:not([data-waiting])').wait_for(timeout=WAIT_MS)
+    # The goal moves on meanwhile: the page reads it again, and its redraw waits for the release.
+    async with page.expect_response(lambda r: "/v1/goals?" in r.url, timeout=WAIT_MS):
+        assert await console.client.decide(gid, await pending_call(console.client, gid), True, by="test")
     await page.mouse.up()
     await page.wait_for_selector("#goal-text", timeout=WAIT_MS)
     assert page.url.endswith(f"#/goals/{gid}")
+    await page.evaluate("location.hash = '#/'")
+    await page.locator(f'tr.goal-row[data-goal="{gid}"]:not([data-waiting])').wait_for(timeout=WAIT_MS)
 
 
 async def test_a_press_on_cancel_that_spans_a_refresh_still_cancels(console: Console) -> None:
