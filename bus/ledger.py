@@ -308,8 +308,9 @@ class Ledger:
         served: tuple[str, str] | None = None,
         then: Callable[[int], None] | None = None,
     ) -> None:
-        """`settle`, held back to ride on this process's next reserve, or sent on its own within
-        `settle_delay` seconds, or by `flush` (module doc: held settles). `then` is told the close's
+        """`settle`, held back to ride on the next write that carries held settles (`held_call`) or
+        this process's next reserve, or sent on its own within `settle_delay` seconds, or by `flush`
+        (module doc: held settles). `then` is told the close's
         reply (as `settle` returns it) once it ran; it is not told when the close failed, which is
         logged (the reservation is then forfeited when it expires). With `settle_delay` 0, the
         settle runs now."""

@@ -538,6 +538,11 @@ class ModelFactory:
     def model(self) -> str:
         return self._route_of().chain[0].model
 
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger every model this factory hands out goes through."""
+        return self._ledger
+
     def for_goal(
         self, goal_id: str, role: str | None = None, choice: str | None = None, *, hold_settles: bool = False
     ) -> MeteredModel:

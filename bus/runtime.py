@@ -101,13 +101,14 @@ class Runtime:
     renewals: Renewals | None = None
     # Where the executors' model calls stream their words (bus.live); None: no live text.
     live: LivePublisher | None = None
-    # The process's ledger (the models' too): its held settles ride on the attempts' writes and are
-    # flushed before a result is stored (bus.ledger). None: no model, or a ledger of the models' own.
+    # The models' ledger (`build` takes it from them): its held settles ride on the attempts' writes
+    # and are flushed before a result is stored (bus.ledger). None: no model.
     ledger: Ledger | None = None
 
     @classmethod
     def build(cls, redis: ArqRedis, keys: Keys, events_maxlen: int = 10_000, **extra: Any) -> Runtime:
         extra.setdefault("renewals", Renewals(redis))
+        extra.setdefault("ledger", getattr(extra.get("models"), "ledger", None))
         return cls(
             redis=redis,
             keys=keys,

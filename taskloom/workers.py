@@ -397,7 +397,6 @@ def build_runtime(
         tools=registry if isinstance(registry, Catalog) else None,
         retry=RetryPolicy(patience=settings.provider_patience, cap=settings.provider_backoff_max),
         live=LivePublisher(redis, keys) if settings.stream else None,
-        ledger=ledger,
     )
 
 

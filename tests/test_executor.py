@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import toolkits_for_tests as tk
 from arq.connections import ArqRedis
+from helpers import eventually
 
 from bus.approvals import AlreadyDecided, ApprovalDecision, EarlierCall
 from bus.attempts import AttemptStore, LeaseLost
@@ -107,6 +108,28 @@ async def test_parallel_read_only_calls_overlap_and_answer_in_one_message(
     assert task.state is TaskState.REVIEWING
     queued = [q.decode() for q in await redis.zrange(keys.queue("critic"), 0, -1)]
     assert queued == [env.rt.jobs.job_id(ReviewJob(goal_id=env.goal_id, task_id="t1", attempt=1))]
+
+
+async def test_an_attempts_books_are_exact_when_its_result_is_stored(
+    redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
+) -> None:
+    """Three model calls, each settle held and carried by the attempt's next write (bus.ledger): when
+    the job has stored its result, nothing is held or reserved, and the books equal the bill."""
+    env = await start_task(redis, keys, settings, model, ["slow_a", "slow_b"], ledger_settle_delay=30)
+    assert env.rt.ledger is not None and env.rt.ledger.settle_delay == 30  # no timer within the test
+    fake.enqueue(tool_reply([("slow_a", {"x": 1})]), tool_reply([("slow_b", {"x": 2})]), text_reply("a=1, b=2"))
+    result = await run(env)
+    assert result.stop_reason == "answered" and result.tool_calls == 2
+    assert env.rt.ledger.held == 0
+    books = await env.rt.ledger.snapshot(env.goal_id)
+    assert (books.reserved, books.open, books.calls, books.spent_unknown) == (0, 0, 3, 0)
+    assert books.spent == fake.billed.total and books.served_by == {"executor": "claude-test"}
+
+    async def announced() -> bool:  # once, after the first settle ran (in the background)
+        events = [e async for e in env.client.events(env.goal_id, follow=False)]
+        return [e.data.get("role") for e in events if e.type == "model.serving"] == ["executor"]
+
+    await eventually(announced, timeout=5)
 
 
 async def test_a_task_given_more_tools_than_the_limit_is_offered_those_its_words_are_about(
