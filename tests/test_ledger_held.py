@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 from tcpproxy import TcpProxy
 
 from bus.attempts import AttemptStore, LeaseLost, StepRecord
+from bus.durability import NotReplicated, ReplicaWait, require
 from bus.keys import Keys
 from bus.ledger import FOLD_TRIES, BudgetExhausted, Ledger, LedgerSnapshot
 from bus.metered import MeteredModel
@@ -161,6 +162,21 @@ async def test_a_close_that_fails_in_redis_spares_the_other_closes_and_the_reser
     assert "not an integer" in failed[0]["error"]
     snap = await ledger.snapshot("g")
     assert (snap.calls, snap.spent, snap.open) == (1, 230, 1)
+
+
+async def test_with_a_replica_policy_held_settles_do_not_ride_on_unguarded_writes(redis: ArqRedis, keys: Keys) -> None:
+    """Under TASKLOOM_REDIS_WAIT_REPLICAS an attempt's writes are not guarded, so a held settle is not
+    handed to one (it would lose its WAIT); it still rides on the next reserve, a guarded write."""
+    client = Redis(connection_pool=redis.connection_pool)  # the same server, a client of its own policy
+    require(client, ReplicaWait(replicas=1, timeout=0.05))
+    ledger = Ledger(client, keys, settle_delay=30)
+    plain = Ledger(redis, keys)  # no replica here: only the writes under test go through the policy
+    await plain.open("g", 10_000)
+    await ledger.settle_later(await plain.reserve("g", 300, 1000), USAGE)
+    assert ledger.held_call() is None and ledger.held == 1
+    with pytest.raises(NotReplicated):  # no replica here: the reserve's WAIT times out
+        await ledger.reserve("g", 300, 1000)
+    assert ledger.held == 1  # given back: it may not have reached a replica
 
 
 @pytest.fixture
