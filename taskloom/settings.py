@@ -271,6 +271,12 @@ class Settings(Limits, BaseSettings):
                 f"{ENV_PREFIX}RETENTION ({self.retention:g} s) must exceed {ENV_PREFIX}LEDGER_RESERVATION_TTL "
                 f"({self.ledger_reservation_ttl:g} s), or be 0 to keep ended goals for good"
             )
+        # A settle held longer than its reservation lives would find it forfeited in full.
+        if self.ledger_settle_delay >= self.ledger_reservation_ttl:
+            raise ValueError(
+                f"{ENV_PREFIX}LEDGER_SETTLE_DELAY ({self.ledger_settle_delay:g} s) must be below "
+                f"{ENV_PREFIX}LEDGER_RESERVATION_TTL ({self.ledger_reservation_ttl:g} s)"
+            )
         return self
 
     def catalog(self) -> ModelCatalog:

@@ -405,6 +405,7 @@ BAD_NUMBERS: list[tuple[str, dict[str, tuple[str, str]]]] = [
         "LEASE_TTL": ("0.5", "greater than or equal to 1"),
         "LEDGER_MIN_RESERVATION": ("0", "greater than or equal to 1"),
         "LEDGER_RESERVATION_TTL": ("0", "greater than 0"),
+        "LEDGER_SETTLE_DELAY": ("-1", "greater than or equal to 0"),
         "EVENTS_MAXLEN": ("5", "greater than or equal to 100"),
         "METRICS_INTERVAL": ("0", "greater than 0"),
         "HEARTBEAT_TTL": ("0.5", "greater than or equal to 1"),

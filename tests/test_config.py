@@ -28,6 +28,8 @@ def test_defaults_load_with_an_empty_environment() -> None:
         ("TASKLOOM_KEY_PREFIX", "has space", "TASKLOOM_KEY_PREFIX"),
         ("TASKLOOM_DEMO_LATENCY", "-1", "TASKLOOM_DEMO_LATENCY"),
         ("TASKLOOM_DEMO_LATENCY", "inf", "TASKLOOM_DEMO_LATENCY"),
+        ("TASKLOOM_LEDGER_SETTLE_DELAY", "-0.1", "TASKLOOM_LEDGER_SETTLE_DELAY"),
+        ("TASKLOOM_LEDGER_SETTLE_DELAY", "soon", "TASKLOOM_LEDGER_SETTLE_DELAY"),
     ],
 )
 def test_a_bad_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, var: str, value: str, expect: str) -> None:
@@ -36,6 +38,15 @@ def test_a_bad_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, var: st
     with pytest.raises(SettingsError) as exc:
         load_settings()
     assert var in str(exc.value) and expect in str(exc.value)
+
+
+def test_a_settle_delay_must_be_shorter_than_a_reservations_life() -> None:
+    """A settle held longer than its reservation lives would find it forfeited in full: refused at
+    start-up, naming both variables."""
+    below = r"TASKLOOM_LEDGER_SETTLE_DELAY .* must be below TASKLOOM_LEDGER_RESERVATION_TTL"
+    with pytest.raises(SettingsError, match=below):
+        load_settings(ledger_settle_delay=30, ledger_reservation_ttl=20)
+    assert load_settings(ledger_settle_delay=0).ledger_settle_delay == 0
 
 
 def test_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
