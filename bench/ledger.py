@@ -124,27 +124,23 @@ async def run(url: str, ops: int, levels: list[int]) -> str:
         await Tenants(redis, keys).set("bench", period="month", budget_tokens=10**15, budget_usd=10**9)
         await ledger.open(TENANT_GOAL, 10**15, budget_usd=10**5, tenant="bench")
 
-        def at_once(goal: str) -> Callable[[], Awaitable[object]]:
-            async def pair() -> None:
-                res = await ledger.reserve(goal, 500, 1000, model=MODEL)
-                await ledger.settle(res, USAGE, model=MODEL)
+        def pair(goal: str, hold: bool) -> Callable[[], Awaitable[object]]:
+            """A reserve and its settle: at once (`ledger`) or held (`held`, riding on the next reserve)."""
+            led = held if hold else ledger
 
-            return pair
+            async def run() -> None:
+                res = await led.reserve(goal, 500, 1000, model=MODEL)
+                await (led.settle_later if hold else led.settle)(res, USAGE, model=MODEL)
 
-        def held_back(goal: str) -> Callable[[], Awaitable[object]]:
-            async def pair() -> None:
-                res = await held.reserve(goal, 500, 1000, model=MODEL)
-                await held.settle_later(res, USAGE, model=MODEL)
-
-            return pair
+            return run
 
         async def ping() -> None:
             await redis.ping()
 
         named: dict[str, Callable[[], Awaitable[object]]] = {"ping": ping}
-        for settle, make in (("at once", at_once), ("held", held_back)):
+        for settle, hold in (("at once", False), ("held", True)):
             for path, goal in PATHS:
-                named[f"{settle}|{path}"] = make(goal)
+                named[f"{settle}|{path}"] = pair(goal, hold)
         try:
             await compare(max(levels), 1000, named)  # warm up: scripts loaded, connections open
             rows = []

@@ -272,9 +272,9 @@ class Ledger:
                 self.redis, "ledger reserve", self._fold, keys, [*fold_args(held), *args]
             )
         except BaseException as exc:  # cancellation included: the closes may not have run
-            self._give_back(held, exc)
+            self.held_done(held, exc)
             raise
-        self._tell(held, closed)
+        self.held_done(held, closed)
         return reservation_from_reply(out, rid, goal_id, estimated_input, model)
 
     async def settle(
@@ -339,11 +339,11 @@ class Ledger:
                     self.redis, "ledger settle", self._close_many, [self._open_key, self._expiry_key], fold_args(held)
                 )
             except BaseException as exc:
-                self._give_back(held, exc)
+                self.held_done(held, exc)
                 if isinstance(exc, Exception):
                     return
                 raise
-            self._tell(held, closed)
+            self.held_done(held, closed)
 
     def held_call(self) -> tuple[ScriptCall, list[_Held]] | None:
         """The held settles as one script call for another write's round trip (`bus.batch`), or None
