@@ -85,6 +85,71 @@ def add_trace_ids(_logger: Any, _method: str, event_dict: MutableMapping[str, An
     return event_dict
 
 
+class _Sink:
+    """Where structlog's own lines go: the stream of the stdlib handler `configure_logging` installed,
+    written under that handler's lock (so a line of ours and a stdlib line never interleave), and the
+    level below which they are dropped. Read at every line: a later `configure_logging` (another
+    stream or level) applies to loggers already cached."""
+
+    handler: logging.Handler | None = None
+    level: int = logging.INFO
+    renderer: Any = None
+
+
+_SINK = _Sink()
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "msg": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "exception": logging.ERROR,
+    "critical": logging.CRITICAL,
+    "fatal": logging.CRITICAL,
+}
+
+
+def filter_by_level(_logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor, first in the chain: a line below the configured level is dropped before
+    any other work (the live view runs at WARNING while the roles log at INFO)."""
+    if _LEVELS.get(method, logging.NOTSET) < _SINK.level:
+        raise structlog.DropEvent
+    return event_dict
+
+
+def render(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """structlog processor, last in the chain: the configured renderer (JSON, or console on a terminal)."""
+    return _SINK.renderer(logger, method, event_dict)
+
+
+class LineLogger:
+    """structlog's logger: writes each rendered line to the configured handler's stream itself.
+
+    Our lines do not go through stdlib logging: a `LogRecord`, the logger tree and the formatter
+    cost about as much again as the rendering (bench/RESULTS.md, "Log lines"). Foreign lines (arq,
+    httpx) still do, and are rendered by the same processors."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or "root"  # structlog.stdlib.add_logger_name reads it
+
+    def msg(self, line: str) -> None:
+        handler = _SINK.handler
+        if handler is None:
+            return
+        handler.acquire()
+        try:
+            stream = handler.stream  # type: ignore[attr-defined]
+            stream.write(line + "\n")
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stream: a log line never fails the work it describes (as stdlib's)
+        finally:
+            handler.release()
+
+    debug = info = warning = warn = error = exception = critical = fatal = msg
+
+
 def configure_logging(level: str = "INFO", json: bool | None = None, stream: Any = None) -> None:
     stream = stream or sys.stdout
     if json is None:
@@ -101,18 +166,12 @@ def configure_logging(level: str = "INFO", json: bool | None = None, stream: Any
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
     structlog.configure(
-        processors=[
-            # A line below the level is dropped before any other work (the live view runs at
-            # WARNING while the roles log at INFO); stdlib records are filtered by stdlib itself.
-            structlog.stdlib.filter_by_level,
-            *shared,
-            structlog.processors.format_exc_info,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-        ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
-        # A logger resolves its processors once, not on every line (configure_logging only changes
-        # the stdlib handler and formatter on later calls, which cached loggers still go through).
+        # stdlib records are filtered by stdlib itself.
+        processors=[filter_by_level, *shared, structlog.processors.format_exc_info, render],
+        logger_factory=LineLogger,
+        wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),
+        # A logger resolves its processors once, not on every line (a later configure_logging changes
+        # the stream, level and renderer in _SINK, which cached loggers still go through).
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
@@ -128,6 +187,7 @@ def configure_logging(level: str = "INFO", json: bool | None = None, stream: Any
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    _SINK.handler, _SINK.level, _SINK.renderer = handler, root.level, renderer
     # No line of ours shows its source file, thread or process: skip finding the caller's frame and
     # the thread and process names for every record (the logging HOWTO's "Optimization").
     logging._srcfile = None

@@ -49,3 +49,37 @@ def test_logged_values_are_capped() -> None:
     body = json.loads(line)
     assert body["errors"][0]["input"]["text"].endswith("[998000 more chars]")
     assert body["ids"][-1] == "...9950 more items"
+
+
+def test_a_later_configuration_applies_to_loggers_already_used() -> None:
+    """Our lines are written by structlog itself (not through stdlib logging), yet a second
+    configure_logging (another stream, level or renderer) still reaches a logger that was cached
+    at its first line, as the stdlib handler did."""
+    first, second = io.StringIO(), io.StringIO()
+    log = structlog.stdlib.get_logger("test.cached")
+    try:
+        configure_logging("INFO", json=True, stream=first)
+        log.info("one")
+        configure_logging("WARNING", json=True, stream=second)
+        log.info("dropped: below the new level")
+        log.warning("two")
+        logging.getLogger("arq.worker").info("stdlib, below the new level too")
+    finally:
+        logging.getLogger().handlers.clear()
+        structlog.reset_defaults()
+    assert [json.loads(x)["event"] for x in first.getvalue().splitlines()] == ["one"]
+    assert [json.loads(x)["event"] for x in second.getvalue().splitlines()] == ["two"]
+
+
+def test_a_closed_stream_never_fails_the_caller() -> None:
+    """A log line never fails the work it describes: a closed stream drops the line, as stdlib's
+    handler would."""
+    buf = io.StringIO()
+    configure_logging("INFO", json=True, stream=buf)
+    try:
+        buf.close()
+        structlog.stdlib.get_logger("test").info("nowhere to go")
+        structlog.stdlib.get_logger("test").exception("nor this")
+    finally:
+        logging.getLogger().handlers.clear()
+        structlog.reset_defaults()
