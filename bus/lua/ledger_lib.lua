@@ -59,42 +59,39 @@ local function add_all(key, fields, delta, extra, watch)
   return nil
 end
 
--- Returns the value `watch` (a field name, or nil) held before the write.
+-- Returns the value `watch` (a field name, or nil) held before the write. The fields and their
+-- changes are listed inline: a closure per call and a call per field cost ~15% of a book.
+-- `reserved`, `open` and `calls` (or `releases`) are always written (as HINCRBY by 0 would create
+-- them); a usage kind only once it is used.
 local function book(key, amount, fcost, mode, u, model, extra, watch)
-  local fields, delta = {}, {}
-  -- `always`: written even when the change is 0 (as HINCRBY by 0 would create the field).
-  local function add(field, d, always)
-    if always or d ~= 0 then
-      fields[#fields + 1] = field
-      delta[#delta + 1] = d
-    end
-  end
-  add('reserved', -amount, true)
-  add('open', -1, true)
-  add('reserved_micro', -fcost)
+  local fields, delta, n = {'reserved', 'open'}, {-amount, -1}, 2
+  if fcost ~= 0 then n = n + 1; fields[n] = 'reserved_micro'; delta[n] = -fcost end
   if mode == 'release' then
-    add('releases', 1, true)
+    n = n + 1; fields[n] = 'releases'; delta[n] = 1
+  elseif mode == 'settle' then
+    n = n + 1; fields[n] = 'calls'; delta[n] = 1
+    for i = 1, 6 do
+      if u[i] ~= 0 then n = n + 1; fields[n] = SETTLED[i]; delta[n] = u[i] end
+    end
+    local total = u[1] + u[2] + u[3] + u[4]
+    n = n + 1; fields[n] = 'spent'; delta[n] = total
+    if total > amount then n = n + 1; fields[n] = 'overrun'; delta[n] = total - amount end
+    if model then
+      local prefix = 'm:' .. model .. ':'
+      for i = 1, 5 do
+        if u[i] ~= 0 then n = n + 1; fields[n] = prefix .. KINDS[i]; delta[n] = u[i] end
+      end
+    end
   else
-    add('calls', 1, true)
-    if mode == 'settle' then
-      -- Zero usage of a kind is not written (a field per kind only once it is used).
-      local total = u[1] + u[2] + u[3] + u[4]
-      for i, field in ipairs(SETTLED) do add(field, u[i]) end
-      add('spent', total, true)
-      if total > amount then add('overrun', total - amount, true) end
-      if model then
-        local prefix = 'm:' .. model .. ':'
-        for i, kind in ipairs(KINDS) do add(prefix .. kind, u[i]) end
-      end
-    else
-      add('spent_unknown', amount, true)
-      add('spent', amount, true)
-      add('cost_micro_usd', fcost, true)
-      add(mode == 'expire' and 'expired' or mode == 'unknown' and 'usage_unknown' or 'forfeits', 1, true)
-      if model then
-        add('m:' .. model .. ':unknown', amount, true)
-        add('m:' .. model .. ':cost', fcost, true)
-      end
+    n = n + 1; fields[n] = 'calls'; delta[n] = 1
+    n = n + 1; fields[n] = 'spent_unknown'; delta[n] = amount
+    n = n + 1; fields[n] = 'spent'; delta[n] = amount
+    n = n + 1; fields[n] = 'cost_micro_usd'; delta[n] = fcost
+    n = n + 1; fields[n] = mode == 'expire' and 'expired' or mode == 'unknown' and 'usage_unknown' or 'forfeits'
+    delta[n] = 1
+    if model then
+      n = n + 1; fields[n] = 'm:' .. model .. ':unknown'; delta[n] = amount
+      n = n + 1; fields[n] = 'm:' .. model .. ':cost'; delta[n] = fcost
     end
   end
   return add_all(key, fields, delta, extra, watch)
