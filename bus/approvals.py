@@ -25,7 +25,7 @@ from .attempts import AttemptStore
 from .keys import Keys
 from .replies import as_str
 from .schemas import GOAL_TERMINAL, Event, GoalState
-from .scripts import lua
+from .scripts import lua, registered
 from .store_errors import NotFound
 
 _APPROVED = "approved"
@@ -134,8 +134,8 @@ class ApprovalBook:
         self.redis = redis
         self.keys = keys
         self.maxlen = events_maxlen
-        self._request = redis.register_script(_REQUEST)
-        self._decide = redis.register_script(_DECIDE)
+        self._request = registered(redis, _REQUEST)
+        self._decide = registered(redis, _DECIDE)
 
     def _keys(self, goal_id: str) -> list[str]:
         return [

@@ -29,7 +29,7 @@ from .events import encode
 from .keys import Keys
 from .replies import as_str
 from .schemas import Event, TaskResult
-from .scripts import module_scripts
+from .scripts import module_scripts, registered
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -152,13 +152,13 @@ class AttemptStore:
         # The turn this store wrote as the first thing under a first lease (a routed task's seeded
         # turn): until its next write, the attempt is known to hold just that, and is not read back.
         self._only_turn: ModelResponse | None = None
-        self._acquire = redis.register_script(_ACQUIRE)
-        self._renew = redis.register_script(_RENEW)
-        self._finish = redis.register_script(_FINISH)
-        self._release = redis.register_script(_RELEASE)
-        self._pending_set = redis.register_script(_PENDING_SET)
-        self._append = redis.register_script(_APPEND_STEP)
-        self._save_result = redis.register_script(_SAVE_RESULT)
+        self._acquire = registered(redis, _ACQUIRE)
+        self._renew = registered(redis, _RENEW)
+        self._finish = registered(redis, _FINISH)
+        self._release = registered(redis, _RELEASE)
+        self._pending_set = registered(redis, _PENDING_SET)
+        self._append = registered(redis, _APPEND_STEP)
+        self._save_result = registered(redis, _SAVE_RESULT)
         self.results_key = keys.results(goal_id)
         self.result_field = keys.result_field(task_id, attempt)
         # The attempt's result as stored when the lease was taken (raw JSON), None if none was.
@@ -330,7 +330,7 @@ async def claim_expired(redis: Redis, keys: Keys, limit: int, hold_for: float) -
     """Attempts whose lease expired (their executor died), each claimed for one resumption."""
     now = now_ms()
     members = await redis.zrangebyscore(keys.leases(), "-inf", now, start=0, num=limit)
-    script = redis.register_script(_CLAIM_EXPIRED)
+    script = registered(redis, _CLAIM_EXPIRED)
     claimed = []
     for raw in members:
         member = as_str(raw)

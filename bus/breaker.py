@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from .keys import Keys
 from .replies import as_str
-from .scripts import lua
+from .scripts import lua, registered
 
 Gate = Literal["call", "probe", "skip"]
 
@@ -72,9 +72,9 @@ class Breaker:
         self.redis = redis
         self.keys = keys
         self.policy = policy or BreakerPolicy()
-        self._failed = redis.register_script(_FAILED)
-        self._read = redis.register_script(_READ)
-        self._probe = redis.register_script(_PROBE)
+        self._failed = registered(redis, _FAILED)
+        self._read = registered(redis, _READ)
+        self._probe = registered(redis, _PROBE)
 
     async def states(self, models: Sequence[str]) -> list[BreakerState]:
         """Every model's state, in one round trip."""

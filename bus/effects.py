@@ -24,7 +24,7 @@ from .durability import confirmed, script_confirmed
 from .keys import Keys
 from .replies import as_str
 from .schemas import utcnow
-from .scripts import lua
+from .scripts import lua, registered
 
 EffectState = Literal["started", "ok", "failed", "unknown"]
 
@@ -48,7 +48,7 @@ class SideEffects:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self._begin = redis.register_script(lua("effects_begin"))  # bus/lua/effects_begin.lua
+        self._begin = registered(redis, lua("effects_begin"))  # bus/lua/effects_begin.lua
 
     async def begin(self, goal_id: str, task_id: str, record: EffectRecord) -> EffectRecord | None:
         """Claim this call for `record.attempt`; None when claimed, else the earlier call's record."""

@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 from .keys import Keys
 from .replies import as_str
 from .schemas import Event
-from .scripts import lua
+from .scripts import lua, registered
 
 FIELD = "e"  # each stream entry holds one field: the event as JSON
 
@@ -76,7 +76,7 @@ class EventLog:
         self.redis = redis
         self.keys = keys
         self.maxlen = maxlen
-        self._emit = redis.register_script(_EMIT)
+        self._emit = registered(redis, _EMIT)
 
     async def emit(self, event: Event) -> str:
         """Append to the goal's stream and the global stream (atomically); return the goal position."""

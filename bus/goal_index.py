@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from .keys import Keys
 from .replies import as_str
 from .schemas import GOAL_ID_PATTERN, GoalState
-from .scripts import lua
+from .scripts import lua, registered
 
 _PAGE = lua("goal_index_page")
 
@@ -56,7 +56,7 @@ class GoalIndex:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self._page = redis.register_script(_PAGE)
+        self._page = registered(redis, _PAGE)
 
     async def page(
         self, states: list[GoalState] | None = None, cursor: str | None = None, limit: int = 50, scan: int = 2000

@@ -22,7 +22,7 @@ from .batch import ScriptCall, run_scripts
 from .keys import Keys, arq_in_progress, arq_job, arq_result
 from .replies import as_str
 from .schemas import GoalId, TaskId
-from .scripts import lua
+from .scripts import lua, registered
 from .tracing import current_traceparent
 
 WAKE_MAXLEN = 100  # wake-up streams only need their latest entries
@@ -154,7 +154,7 @@ class Jobs:
     def __init__(self, redis: ArqRedis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self._enqueue = redis.register_script(_ENQUEUE)
+        self._enqueue = registered(redis, _ENQUEUE)
         self._serializer = getattr(redis, "job_serializer", None)  # arq's pickle unless the pool says otherwise
         self._expires_ms = int(getattr(redis, "expires_extra_ms", JOB_EXPIRES_MS))
 

@@ -78,7 +78,7 @@ from .ledger_records import (
 )
 from .prices import PriceTable, usd_to_micro
 from .replies import str_pairs
-from .scripts import lua
+from .scripts import lua, registered
 
 log = structlog.get_logger("taskloom.ledger")
 
@@ -183,12 +183,12 @@ class Ledger:
         self.reservation_ttl = reservation_ttl
         self.prices = prices or PriceTable()
         self._open_key, self._expiry_key, self._pool_prefix = ledger_keys(keys)
-        self._open = redis.register_script(_OPEN)
-        self._reserve = redis.register_script(_RESERVE)
-        self._close = redis.register_script(_CLOSE)
-        self._sweep = redis.register_script(_SWEEP)
-        self._fold = redis.register_script(_FOLD)
-        self._close_many = redis.register_script(_CLOSE_MANY)
+        self._open = registered(redis, _OPEN)
+        self._reserve = registered(redis, _RESERVE)
+        self._close = registered(redis, _CLOSE)
+        self._sweep = registered(redis, _SWEEP)
+        self._fold = registered(redis, _FOLD)
+        self._close_many = registered(redis, _CLOSE_MANY)
         self.settle_delay = settle_delay
         self._held: list[_Held] = []
         self._timer: asyncio.TimerHandle | None = None

@@ -44,7 +44,7 @@ from redis.asyncio import Redis
 
 from .keys import Keys
 from .replies import as_str
-from .scripts import lua
+from .scripts import lua, registered
 
 PENALTY_SECONDS = 60.0
 PENALTY_FACTOR = 0.5
@@ -124,10 +124,10 @@ class RateLimiter:
         self.redis = redis
         self.keys = keys
         self.table = RateLimitTable(limits)
-        self._acquire = redis.register_script(_ACQUIRE)
-        self._settle = redis.register_script(_SETTLE)
-        self._throttled = redis.register_script(_THROTTLED)
-        self._remaining = redis.register_script(_REMAINING)
+        self._acquire = registered(redis, _ACQUIRE)
+        self._settle = registered(redis, _SETTLE)
+        self._throttled = registered(redis, _THROTTLED)
+        self._remaining = registered(redis, _REMAINING)
 
     def _caps(self, lim: RateLimit) -> list[int]:
         return [lim.rpm, lim.input_tpm, lim.output_tpm]

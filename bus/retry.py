@@ -31,7 +31,7 @@ from llm.errors import ModelError
 
 from .durability import NotReplicated
 from .keys import Keys
-from .scripts import lua
+from .scripts import lua, registered
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ class TroubleClock:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self._failed = redis.register_script(lua("retry_failed"))  # bus/lua/retry_failed.lua
+        self._failed = registered(redis, lua("retry_failed"))  # bus/lua/retry_failed.lua
 
     async def failed(self, goal_id: str, now_ms: int) -> int:
         """Record a failure at `now_ms`; return when the current trouble began (ms)."""

@@ -51,7 +51,7 @@ from .schemas import (
     task_sources,
     utcnow,
 )
-from .scripts import module_scripts
+from .scripts import module_scripts, registered
 from .store_errors import AlreadyExists, CorruptRecord, IllegalTransition, NotFound, StaleWrite, StoreError, corrupt
 from .store_records import csv, goal_from_hash, plan_from_json, result_from_json, task_from_hash, transition_outcome
 
@@ -84,12 +84,12 @@ class Store:
         # every job runs first, then needs no read of its own for a goal this process has seen.
         self._deadlines = Memo()
         self._plans = Memo()  # (goal id, version) -> StoredPlan
-        self._transition = redis.register_script(_TRANSITION)
-        self._create_goal = redis.register_script(_CREATE_GOAL)
-        self._save_plan = redis.register_script(_SAVE_PLAN)
-        self._cancel = redis.register_script(_CANCEL)
-        self._claim_stale = redis.register_script(_CLAIM_STALE)
-        self._resume = redis.register_script(_RESUME)
+        self._transition = registered(redis, _TRANSITION)
+        self._create_goal = registered(redis, _CREATE_GOAL)
+        self._save_plan = registered(redis, _SAVE_PLAN)
+        self._cancel = registered(redis, _CANCEL)
+        self._claim_stale = registered(redis, _CLAIM_STALE)
+        self._resume = registered(redis, _RESUME)
 
     def _task_key(self, goal_id: str, task_id: str) -> str:
         return self.keys.task(goal_id, task_id)

@@ -33,7 +33,7 @@ from .keys import Keys
 from .ledger_records import TENANT_NAME_PATTERN, LedgerSnapshot
 from .prices import usd_to_micro
 from .replies import as_str, str_pairs
-from .scripts import lua
+from .scripts import lua, registered
 
 Period = Literal["none", "day", "month"]
 KINDS = ("input", "output", "cache_read", "cache_write", "unknown")
@@ -146,9 +146,9 @@ class Tenants:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self._set = redis.register_script(_SET)
-        self._reset = redis.register_script(_RESET)
-        self._acquire = redis.register_script(_ACQUIRE)
+        self._set = registered(redis, _SET)
+        self._reset = registered(redis, _RESET)
+        self._acquire = registered(redis, _ACQUIRE)
 
     async def set(
         self,
