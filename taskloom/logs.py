@@ -2,7 +2,9 @@
 
 Context (goal_id, task_id, attempt, role, job_id, step) is bound with contextvars per job, so every
 line a job writes carries it, and with tracing on the current span's `trace_id` and `span_id`.
-arq's own stdlib logging goes through the same renderer.
+arq's own stdlib logging goes through the same renderer, by the one stdlib handler installed here;
+taskloom's own lines are written to that handler's stream by structlog itself (`LineLogger`), not
+as stdlib records: a handler added to the root logger sees arq's and httpx's lines, not ours.
 """
 
 from __future__ import annotations
@@ -127,8 +129,8 @@ class LineLogger:
     """structlog's logger: writes each rendered line to the configured handler's stream itself.
 
     Our lines do not go through stdlib logging: a `LogRecord`, the logger tree and the formatter
-    cost about as much again as the rendering (bench/RESULTS.md, "Log lines"). Foreign lines (arq,
-    httpx) still do, and are rendered by the same processors."""
+    cost about as much again as the rendering (bench/RESULTS.md, "Where the worker CPU goes, sampled;
+    cheaper log lines"). Foreign lines (arq, httpx) still do, and are rendered by the same processors."""
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or "root"  # structlog.stdlib.add_logger_name reads it
