@@ -99,6 +99,9 @@ class _Sink:
 
 
 _SINK = _Sink()
+# The processor list every `configure_logging` installs: one list object, its contents replaced by
+# each call, so a logger cached under an earlier configuration runs the current processors too.
+_PROCESSORS: list[Any] = []
 _LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -167,9 +170,10 @@ def configure_logging(level: str = "INFO", json: bool | None = None, stream: Any
     renderer: Any = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
+    # stdlib records are filtered by stdlib itself.
+    _PROCESSORS[:] = [filter_by_level, *shared, structlog.processors.format_exc_info, render]
     structlog.configure(
-        # stdlib records are filtered by stdlib itself.
-        processors=[filter_by_level, *shared, structlog.processors.format_exc_info, render],
+        processors=_PROCESSORS,
         logger_factory=LineLogger,
         wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),
         # A logger resolves its processors once, not on every line (a later configure_logging changes

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 import redis as redis_lib
+import structlog
 from arq.connections import ArqRedis, create_pool
 
 from bus.connection import EmbeddedRedis, redis_settings
 from bus.keys import Keys
 from llm.testing.guard import install_network_guard
+from taskloom import logs
 from taskloom.settings import Settings
 
 # The testing kit's fixtures (taskloom_redis, taskloom_run). An installed taskloom registers them
@@ -103,3 +105,17 @@ def _delete_keys(url: str, prefix: str) -> None:
                 client.delete(*batch)
     finally:
         client.close()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_processors_in_place() -> Iterator[None]:
+    """A logger cached while a test's `configure_logging` was on keeps that configuration's processor
+    list (`taskloom.logs._PROCESSORS`, one list object). A test that then resets structlog installs
+    another list, and a later `capture_logs()`, which edits the current list in place, would miss
+    that logger's lines (a test failed after others for it). After each test, the current processors
+    are put back into that one list, and it is made current again."""
+    yield
+    current = structlog.get_config()["processors"]
+    if current is not logs._PROCESSORS:
+        logs._PROCESSORS[:] = current
+        structlog.configure(processors=logs._PROCESSORS)
