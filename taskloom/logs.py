@@ -95,7 +95,6 @@ class _Sink:
 
     handler: logging.Handler | None = None
     level: int = logging.INFO
-    renderer: Any = None
 
 
 _SINK = _Sink()
@@ -121,11 +120,6 @@ def filter_by_level(_logger: Any, method: str, event_dict: MutableMapping[str, A
     if _LEVELS.get(method, logging.NOTSET) < _SINK.level:
         raise structlog.DropEvent
     return event_dict
-
-
-def render(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> Any:
-    """structlog processor, last in the chain: the configured renderer (JSON, or console on a terminal)."""
-    return _SINK.renderer(logger, method, event_dict)
 
 
 class LineLogger:
@@ -171,13 +165,13 @@ def configure_logging(level: str = "INFO", json: bool | None = None, stream: Any
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
     # stdlib records are filtered by stdlib itself.
-    _PROCESSORS[:] = [filter_by_level, *shared, structlog.processors.format_exc_info, render]
+    _PROCESSORS[:] = [filter_by_level, *shared, structlog.processors.format_exc_info, renderer]
     structlog.configure(
         processors=_PROCESSORS,
         logger_factory=LineLogger,
         wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),
-        # A logger resolves its processors once, not on every line (a later configure_logging changes
-        # the stream, level and renderer in _SINK, which cached loggers still go through).
+        # A logger resolves its processors once, not on every line (a later configure_logging replaces
+        # the contents of _PROCESSORS and the stream and level in _SINK, which cached loggers still use).
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
@@ -193,7 +187,7 @@ def configure_logging(level: str = "INFO", json: bool | None = None, stream: Any
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    _SINK.handler, _SINK.level, _SINK.renderer = handler, root.level, renderer
+    _SINK.handler, _SINK.level = handler, root.level
     # No line of ours shows its source file, thread or process: skip finding the caller's frame and
     # the thread and process names for every record (the logging HOWTO's "Optimization").
     logging._srcfile = None
