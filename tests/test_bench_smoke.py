@@ -4,6 +4,8 @@ CI does not assert on their numbers)."""
 from __future__ import annotations
 
 import importlib
+import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -34,6 +36,7 @@ from planner.prompts import SYSTEM as PLANNER_SYSTEM
         "testing_kit",
         "replicawait",
         "streaming",
+        "critical",
     ],
 )
 def test_bench_modules_import(name: str) -> None:
@@ -221,3 +224,33 @@ def test_streaming_targets_are_judged_from_the_rows_of_the_run() -> None:
     assert "| streaming adds <= 10% worker CPU per call, nobody listening | +5.0% | met |" in out
     assert "a listener | +2900.0%" in out and "MISSED" in out
     assert "1.00 PUBLISH per batch" in out and "1.005 | met |" in out
+
+
+def test_critical_splits_a_goals_excess_over_its_bound_into_phases_from_its_log() -> None:
+    """bench.critical: each phase from the goal's own log lines (another goal's are not its), the
+    model delays taken out, and the phases adding up to the makespan less its bound."""
+    from bench.critical import goal_events, phases
+
+    def line(at: float, event: str, goal: str = "g1", **extra: str) -> str:
+        stamp = datetime.fromtimestamp(1_000 + at, UTC).isoformat().replace("+00:00", "Z")
+        return json.dumps({"timestamp": stamp, "event": event, "goal_id": goal, **extra})
+
+    lines = [
+        "not json",
+        line(0.212, "plan.stored"),
+        line(0.215, "execute.start"),
+        line(0.230, "execute.start"),
+        line(0.240, "execute.start", goal="g2"),  # another goal's: not this one's last start
+        line(0.640, "execute.result"),
+        line(0.660, "execute.result"),
+        line(0.670, "job.start", function="review"),
+        line(0.672, "job.start", function="review_goal"),
+    ]
+    events = goal_events(lines)
+    assert set(events) == {"g1", "g2"}
+    got = phases(events["g1"], 1_000.0, 1_000.880, delay=0.2)
+    want = {"plan": 0.012, "fan-out": 0.018, "tasks": 0.030, "hand-off": 0.012, "final": 0.008}
+    assert got == pytest.approx(want, abs=1e-4)
+    assert sum(got.values()) == pytest.approx(0.880 - 4 * 0.2, abs=1e-4)
+    with pytest.raises(ValueError, match=r"no plan\.stored event"):
+        phases(events["g2"], 1_000.0, 1_000.880, delay=0.2)
