@@ -1,6 +1,7 @@
 """Where a wide goal's makespan goes beyond its critical-path bound, phase by phase.
 
     python -m bench.critical [--redis-url redis://127.0.0.1:6379/0] [--width 8] [--reps 10] [--delay 0.2]
+                             [--poll-delay 0.05]
 
 The setting of `bench.speedup`'s widest row with model review: one `taskloom worker all` process
 (executor concurrency `--width`), goals of `--width` independent tasks, each a 2-step tool loop,
@@ -39,6 +40,8 @@ from bench._harness import (
     bench_redis,
     goal_text,
     machine,
+    profile_from_now,
+    profile_until_now,
     spawn_worker,
     stop,
     wait_for_keys,
@@ -108,14 +111,14 @@ def table(rows: Sequence[Mapping[str, float]], spans: Sequence[float], bound: fl
     ]
 
 
-async def run(url: str, width: int, reps: int, delay: float) -> str:
+async def run(url: str, width: int, reps: int, delay: float, poll_delay: float = 0.05) -> str:
     async with bench_redis(url, "critical") as bench:
         where = await machine(bench.redis, bench.where)
         with FakeAnthropicServer() as fake:
             fake.respond_with(Responder(delay=delay))
             env = worker_env(
                 bench,
-                poll_delay=0.05,
+                poll_delay=poll_delay,
                 base_url=fake.base_url,
                 TASKLOOM_EXECUTOR_CONCURRENCY=str(width),
                 TASKLOOM_CRITIC_CONCURRENCY=str(max(10, width)),
@@ -137,6 +140,9 @@ async def run(url: str, width: int, reps: int, delay: float) -> str:
                         raise RuntimeError(f"goal {gid} ended {record.state.value}: {record.reason}")
                     if rep >= 2:
                         marks.append((gid, submitted, ended))
+                    if rep == 1:
+                        profile_from_now([proc])  # under BENCH_PROFILE: the measured goals only
+                profile_until_now([proc])
                 await asyncio.sleep(0.3)  # the last lines reach the log
             finally:
                 stop([proc])
@@ -148,7 +154,8 @@ async def run(url: str, width: int, reps: int, delay: float) -> str:
     return "\n".join(
         [
             where,
-            f"width {width}, model review, one `taskloom worker all` process, model delay {delay * 1000:.0f} ms, "
+            f"width {width}, model review, one `taskloom worker all` process, poll delay {poll_delay:g} s, "
+            f"model delay {delay * 1000:.0f} ms, "
             f"bound {bound:.2f} s, {reps} goals; medians in ms",
             "",
             *table(rows, spans, bound),
@@ -162,11 +169,13 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--delay", type=float, default=0.2)
+    parser.add_argument("--poll-delay", type=float, default=0.05, help="as bench.speedup's (wake-ups are on)")
     args = parser.parse_args()
     if args.width < 2 or args.reps < 1 or args.delay <= 0:
         parser.error("need --width >= 2 (a one-task goal takes another path), --reps >= 1, --delay > 0")
     started = datetime.now(UTC)
-    print(f"{started:%Y-%m-%d %H:%M} UTC\n{asyncio.run(run(args.redis_url, args.width, args.reps, args.delay))}")
+    report = asyncio.run(run(args.redis_url, args.width, args.reps, args.delay, args.poll_delay))
+    print(f"{started:%Y-%m-%d %H:%M} UTC\n{report}")
 
 
 if __name__ == "__main__":
