@@ -375,6 +375,18 @@ def worker_env(bench: Bench, *, poll_delay: float, base_url: str, **extra: str) 
     return env
 
 
+def worker_all_env(bench: Bench, *, poll_delay: float, base_url: str, concurrency: int) -> dict[str, str]:
+    """`worker_env` for one `taskloom worker all` that runs `concurrency` tasks at once and reviews
+    them all at once (bench.speedup, bench.critical)."""
+    return worker_env(
+        bench,
+        poll_delay=poll_delay,
+        base_url=base_url,
+        TASKLOOM_EXECUTOR_CONCURRENCY=str(concurrency),
+        TASKLOOM_CRITIC_CONCURRENCY=str(max(10, concurrency)),
+    )
+
+
 def spawn(args: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     out = log.open("wb")
     try:

@@ -45,7 +45,7 @@ from bench._harness import (
     spawn_worker,
     stop,
     wait_for_keys,
-    worker_env,
+    worker_all_env,
 )
 from bus.client import Client
 from llm.testing import FakeAnthropicServer
@@ -116,13 +116,7 @@ async def run(url: str, width: int, reps: int, delay: float, poll_delay: float =
         where = await machine(bench.redis, bench.where)
         with FakeAnthropicServer() as fake:
             fake.respond_with(Responder(delay=delay))
-            env = worker_env(
-                bench,
-                poll_delay=poll_delay,
-                base_url=fake.base_url,
-                TASKLOOM_EXECUTOR_CONCURRENCY=str(width),
-                TASKLOOM_CRITIC_CONCURRENCY=str(max(10, width)),
-            )
+            env = worker_all_env(bench, poll_delay=poll_delay, base_url=fake.base_url, concurrency=width)
             log = bench.home / "worker.log"
             proc = spawn_worker("all", env, log)
             marks: list[tuple[str, float, float]] = []

@@ -61,7 +61,7 @@ from bench._harness import (
     stop,
     task_id,
     wait_for_keys,
-    worker_env,
+    worker_all_env,
 )
 from bench.floor import Floor
 from bench.throughput import cpu_seconds, floor
@@ -169,13 +169,7 @@ async def run(url: str, delay: float, widths: list[int], reps: int, concurrency:
         with FakeAnthropicServer() as fake:
             fake.respond_with(responder)
             model = AnthropicModel(FAKE_MODEL, api_key=FAKE_KEY, base_url=fake.base_url)
-            env = worker_env(
-                bench,
-                poll_delay=poll_delay,
-                base_url=fake.base_url,
-                TASKLOOM_EXECUTOR_CONCURRENCY=str(concurrency),
-                TASKLOOM_CRITIC_CONCURRENCY=str(max(10, concurrency)),
-            )
+            env = worker_all_env(bench, poll_delay=poll_delay, base_url=fake.base_url, concurrency=concurrency)
             proc = spawn_worker("all", env, bench.home / "worker.log")
             try:
                 await wait_for_keys(
