@@ -47,11 +47,11 @@ from bench._harness import (
     wait_for_keys,
     worker_all_env,
 )
+from bench.speedup import STEPS, critical_calls
 from bus.client import Client
 from llm.testing import FakeAnthropicServer
 
 PHASES = ("plan", "fan-out", "tasks", "hand-off", "final")
-STEPS = 1  # tool calls per task before its answer, as in bench.speedup
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ async def run(url: str, width: int, reps: int, delay: float, poll_delay: float =
                 stop([proc])
             text = await asyncio.to_thread(log.read_text, errors="replace")
     events = goal_events(text.splitlines())
-    bound = (1 + STEPS + 1 + 1) * delay
+    bound = critical_calls(width) * delay
     rows = [phases(events.get(gid, []), s, e, delay) for gid, s, e in marks]
     spans = [e - s for _, s, e in marks]
     return "\n".join(
