@@ -43,6 +43,7 @@ from executor.loop import SYSTEM as EXECUTOR_SYSTEM
 from llm.testing import RecordedRequest, Script, content_text, text_reply, tool_reply
 from planner.prompts import PLAN_TOOL
 from planner.prompts import SYSTEM as PLANNER_SYSTEM
+from taskloom import eventloop
 from taskloom.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,9 +100,15 @@ async def machine(redis: ArqRedis, where: str) -> str:
     info = await redis.info("server")
     return (
         f"{os.cpu_count()} cores ({cpu_model()}), {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}, Redis {info.get('redis_version', '?')} at {where}; "
+        f"Python {platform.python_version()}, Redis {info.get('redis_version', '?')} at {where}, "
+        f"workers on {workers_loop()}; "
         f"speed now: CPU probe {cpu_probe_ms():.1f} ms, PING p50 {await ping_p50_us(redis):.0f} µs"
     )
+
+
+def workers_loop() -> str:
+    """The event loop the measured workers run on: `BENCH_EVENT_LOOP`, else their default (`auto`)."""
+    return eventloop.choice(os.environ.get("BENCH_EVENT_LOOP") or "auto")
 
 
 def cpu_probe_ms() -> float:
@@ -369,6 +376,10 @@ def worker_env(bench: Bench, *, poll_delay: float, base_url: str, **extra: str) 
     # for A/B runs against the executors' held settles.
     if os.environ.get("BENCH_SETTLE_DELAY"):
         env["TASKLOOM_LEDGER_SETTLE_DELAY"] = os.environ["BENCH_SETTLE_DELAY"]
+    # `BENCH_EVENT_LOOP=asyncio` (or `uvloop`) runs the workers, the raw arq peer and bench.floor on that
+    # loop (TASKLOOM_EVENT_LOOP; default: uvloop when installed), so that the floor is the workers' own.
+    if os.environ.get("BENCH_EVENT_LOOP"):
+        env["TASKLOOM_EVENT_LOOP"] = os.environ["BENCH_EVENT_LOOP"]
     if os.environ.get("BENCH_GC_PROBE"):
         env["PYTHONPATH"] = os.pathsep.join((str(REPO / "bench" / "gcprobe"), env["PYTHONPATH"]))
     env.update(extra)
@@ -522,7 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     noop.add_argument("--fallback", type=float, default=1.0, help="with --wake: longest block between polls")
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_noop_main(args))
+        eventloop.run(_noop_main(args))  # the workers' loop (TASKLOOM_EVENT_LOOP, from worker_env)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from bus.connection import redis_settings
 from executor.loop import SYSTEM
 from executor.registry import ToolRegistry
 from llm.types import Message, ModelRequest, ToolDef
+from taskloom import eventloop
 from taskloom.workers import build_runtime, make_inner_model, make_ledger
 
 CONCURRENCY = 10  # a worker's default concurrency
@@ -113,7 +114,7 @@ def main() -> None:
     parser.add_argument("--base-url", required=True, help="the Messages API to call (a fake one)")
     parser.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()
-    floor = asyncio.run(measure(args.redis_url, args.base_url, args.calls))
+    floor = eventloop.run(measure(args.redis_url, args.base_url, args.calls))  # the workers' loop
     print(json.dumps(asdict(floor)))
 
 

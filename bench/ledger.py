@@ -44,6 +44,7 @@ from bus.ledger import Ledger
 from bus.retention import delete_all
 from bus.tenants import Tenants
 from llm.types import Usage
+from taskloom import eventloop
 
 GOAL = "bench"
 TENANT_GOAL = "bench-tenant"
@@ -158,8 +159,8 @@ async def run(url: str, ops: int, levels: list[int]) -> str:
 
 def report(rows: list[tuple[int, dict[str, Stats]]], where: str, version: str, ops: int) -> str:
     lines = [
-        f"Redis {version} at {where}; {ops} operations per level and path; python {platform.python_version()}; "
-        f"speed now: CPU probe {cpu_probe_ms():.1f} ms (bench._harness.cpu_probe_ms)",
+        f"Redis {version} at {where}; {ops} operations per level and path; python {platform.python_version()} "
+        f"on {eventloop.running()}; speed now: CPU probe {cpu_probe_ms():.1f} ms (bench._harness.cpu_probe_ms)",
         "",
         "| clients | settle | path | pairs/s | pair p50 ms | pair p99 ms | PING/s | PING p50 ms | PING p99 ms "
         "| p50 ratio | p99 ratio |",
@@ -215,7 +216,7 @@ def main() -> None:
     levels = [int(c) for c in args.clients.split(",")]
     started = datetime.now(UTC)
     t0 = time.perf_counter()
-    table = asyncio.run(run(args.redis_url, args.ops, levels))
+    table = eventloop.run(run(args.redis_url, args.ops, levels))  # a worker's loop (TASKLOOM_EVENT_LOOP)
     print(f"{started:%Y-%m-%d %H:%M} UTC, {time.perf_counter() - t0:.1f} s\n{table}")
 
 

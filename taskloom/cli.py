@@ -50,6 +50,7 @@ from executor.registry import ToolLoadError
 from llm.errors import ModelConfigError
 from llm.forced import validation_problems
 
+from . import eventloop
 from .settings import Settings, SettingsError, keys_for, load_settings, unknown_variables
 from .terminal import clean, line
 
@@ -1249,7 +1250,8 @@ _terminated_by: int | None = None
 
 
 def _arun(coro: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(coro)`, where SIGTERM (and SIGINT) cancel `coro` as Ctrl-C does: its `finally`
+    """`asyncio.run(coro)` on the event loop `TASKLOOM_EVENT_LOOP` chooses (uvloop when installed),
+    where SIGTERM (and SIGINT) cancel `coro` as Ctrl-C does: its `finally`
     blocks run, connections close, and the embedded redis-server is stopped by its last user. (A
     default SIGTERM kills the process first; a shell's background job even ignores SIGINT.) A worker
     replaces these handlers with its own graceful shutdown while it runs."""
@@ -1276,7 +1278,12 @@ def _arun(coro: Coroutine[Any, Any, T]) -> T:
                 loop.remove_signal_handler(sig)
 
     try:
-        return asyncio.run(main())
+        loop = eventloop.choice()
+    except eventloop.EventLoopError as exc:
+        coro.close()  # never started: no "was never awaited" warning beside the error
+        _fail(EXIT_INVALID, str(exc))
+    try:
+        return eventloop.run(main(), loop)
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None  # main() exits 130, or 143 after SIGTERM
 

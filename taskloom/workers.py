@@ -76,7 +76,7 @@ from llm.port import ModelPort
 from llm.providers import ModelConfig
 from planner.supervise import supervise
 
-from . import health, metrics
+from . import eventloop, health, metrics
 from .models import ModelRouter, make_builder
 from .settings import Settings
 from .settings import keys_for as keys_for  # re-exported: callers import it from here
@@ -540,6 +540,7 @@ async def _run_fleet(
         instance=instance,
         metrics_port=metrics_server.port if metrics_server else None,
         tracing=settings.tracing,
+        event_loop=eventloop.running(),
     )
     # What exists now (modules, the runtime, tool definitions) lives as long as the fleet: moved out
     # of the cyclic collector's reach, so that a full collection scans only what jobs create. Left

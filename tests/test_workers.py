@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import structlog
 from arq.connections import ArqRedis
 from helpers import TASKLOOM, eventually
@@ -63,14 +64,17 @@ async def _exited(proc: subprocess.Popen[str]) -> bool:
     return proc.poll() is not None
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 async def test_worker_process_runs_jobs_and_stops_cleanly_on_sigterm(
-    redis: ArqRedis, keys: Keys, subprocess_env: dict[str, str], tmp_path: Path
+    redis: ArqRedis, keys: Keys, subprocess_env: dict[str, str], tmp_path: Path, loop: str
 ) -> None:
-    """`taskloom worker all` takes a goal to its end (demo model), heartbeats, and exits 0 on SIGTERM."""
+    """`taskloom worker all` takes a goal to its end (demo model), heartbeats, and exits 0 on SIGTERM,
+    on either event loop (TASKLOOM_EVENT_LOOP), and says in `worker.started` which one it runs."""
     out = (tmp_path / "worker.log").open("w+")
+    env = dict(subprocess_env, TASKLOOM_EVENT_LOOP=loop)
     # Its output goes to a file, not a pipe, so the child can never block on a full pipe.
     proc = subprocess.Popen(  # noqa: ASYNC220 - starting the child is instant; it runs on its own
-        [*TASKLOOM, "worker", "all"], env=subprocess_env, stdout=out, stderr=subprocess.STDOUT, text=True
+        [*TASKLOOM, "worker", "all"], env=env, stdout=out, stderr=subprocess.STDOUT, text=True
     )
     try:
         client = Client(redis, keys, default_budget_tokens=100_000)
@@ -100,6 +104,7 @@ async def test_worker_process_runs_jobs_and_stops_cleanly_on_sigterm(
     lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
     events = [x["event"] for x in lines]
     assert "worker.started" in events and "worker.stopped" in events
+    assert [x["event_loop"] for x in lines if x["event"] == "worker.started"] == [loop]
     assert any(x.get("goal_id") == gid and x["event"] == "plan.claimed" for x in lines)
     assert not await redis.exists(keys.health_check("executor"))
 
