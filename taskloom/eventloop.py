@@ -1,7 +1,7 @@
 """Which asyncio event loop a taskloom process runs on: `TASKLOOM_EVENT_LOOP`.
 
-- `auto` (the default): uvloop when it is installed (`pip install 'taskloom[fast]'`), else asyncio's
-  own loop. uvloop's loop and its socket transports are written in C (libuv): a worker's many small
+- `auto` (the default): uvloop when it is installed (it is a dependency of taskloom everywhere but
+  on Windows, which it does not support), else asyncio's own loop. uvloop's loop and its socket transports are written in C (libuv): a worker's many small
   Redis and HTTP round trips each cost it less CPU in the loop's own turn and in its writes
   (bench/RESULTS.md, "uvloop").
 - `uvloop`: uvloop, or a `EventLoopError` naming the package when it is not installed.
@@ -45,7 +45,7 @@ def choice(value: str | None = None) -> LoopName:
     if wanted == "uvloop":
         if not _uvloop_installed():
             raise EventLoopError(
-                f"{EVENT_LOOP_ENV}=uvloop but uvloop is not installed: pip install 'taskloom[fast]' (or uvloop), "
+                f"{EVENT_LOOP_ENV}=uvloop but uvloop is not installed: pip install uvloop (not on Windows), "
                 f"or set {EVENT_LOOP_ENV}=asyncio"
             )
         return "uvloop"

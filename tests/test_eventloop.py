@@ -17,7 +17,7 @@ async def _loop_name() -> str:
 
 
 def test_auto_is_uvloop_when_installed_and_asyncio_when_asked() -> None:
-    """With uvloop installed (the `fast` and `test` extras), `auto` and an unset variable run it; `asyncio`
+    """With uvloop installed (a dependency of taskloom on Linux), `auto` and an unset variable run it; `asyncio`
     runs the standard library's loop. Values are read case- and space-insensitively."""
     assert eventloop.choice("") == "uvloop" and eventloop.choice("auto") == "uvloop"
     assert eventloop.choice(" UVLOOP ") == "uvloop" and eventloop.choice("asyncio") == "asyncio"
@@ -40,7 +40,7 @@ def test_without_uvloop_auto_falls_back_and_uvloop_names_the_package(monkeypatch
     assert eventloop.choice("auto") == "asyncio"
     with pytest.raises(eventloop.EventLoopError) as err:
         eventloop.choice("uvloop")
-    assert "TASKLOOM_EVENT_LOOP=uvloop" in str(err.value) and "taskloom[fast]" in str(err.value)
+    assert "TASKLOOM_EVENT_LOOP=uvloop" in str(err.value) and "pip install uvloop" in str(err.value)
     assert "TASKLOOM_EVENT_LOOP=asyncio" in str(err.value)
 
 
