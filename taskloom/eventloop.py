@@ -1,9 +1,9 @@
 """Which asyncio event loop a taskloom process runs on: `TASKLOOM_EVENT_LOOP`.
 
 - `auto` (the default): uvloop when it is installed (it is a dependency of taskloom everywhere but
-  on Windows, which it does not support), else asyncio's own loop. uvloop's loop and its socket transports are written in C (libuv): a worker's many small
-  Redis and HTTP round trips each cost it less CPU in the loop's own turn and in its writes
-  (bench/RESULTS.md, "uvloop").
+  on Windows, which it does not support), else asyncio's own loop. uvloop's loop and its socket
+  transports are written in C (libuv): a worker's many small Redis and HTTP round trips each cost
+  it less CPU in the loop's own turn and in its writes (bench/RESULTS.md, "uvloop").
 - `uvloop`: uvloop, or a `EventLoopError` naming the package when it is not installed.
 - `asyncio`: the standard library's loop, whatever is installed.
 

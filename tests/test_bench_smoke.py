@@ -37,6 +37,7 @@ from planner.prompts import SYSTEM as PLANNER_SYSTEM
         "replicawait",
         "streaming",
         "critical",
+        "coalesce",
     ],
 )
 def test_bench_modules_import(name: str) -> None:
