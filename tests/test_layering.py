@@ -170,6 +170,7 @@ RULES = {
         PACKAGES_AND_BENCH,
         {
             **BUS,
+            "bench/coalesce.py": "measures a bare connection of its own against the worker's pool, below taskloom",
             "bench/ledger.py": "measures the ledger's scripts alone, on a bare client without arq",
             "bench/replicawait.py": "starts replica servers and probes them, below taskloom",
             "bench/roundtrips.py": "attributes every command to a job with MONITOR and CLIENT LIST",
@@ -179,7 +180,7 @@ RULES = {
         "holds or runs a Lua script",
         holds_lua_source,
         PACKAGES_AND_BENCH,
-        BUS,
+        {**BUS, "bench/coalesce.py": "a one-line script as the measured command, the shape of a ledger call"},
     ),
     "lua_in_strings": Rule("holds Lua in a Python string", lua_in_strings, PACKAGES_AND_BENCH),
     "fakeredis_scripts": Rule(
