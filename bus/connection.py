@@ -40,7 +40,7 @@ import structlog
 from arq.connections import ArqRedis, RedisSettings, create_pool
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
-from . import durability
+from . import durability, mux
 
 _pack: Callable[[tuple[Any, ...]], bytes] | None
 try:  # the optional `taskloom[fast]` extra
@@ -426,14 +426,7 @@ class _Lean:
     def pack_command(self, *args: Any) -> list[bytes]:
         if _pack is None:
             return super().pack_command(*args)  # type: ignore[misc, no-any-return]
-        if isinstance(args[0], str):
-            args = (*args[0].encode().split(), *args[1:])
-        elif b" " in args[0]:
-            args = (*args[0].split(), *args[1:])
-        try:
-            return [_pack(args)]
-        except TypeError as exc:
-            raise redis.exceptions.DataError(str(exc)) from None
+        return [mux.pack(args)]
 
     async def can_read_destructive(self) -> bool:
         """Whether the connection holds unread data (the pool asks before every command and pipeline,
@@ -546,11 +539,12 @@ async def follow_master(client: redis.asyncio.Redis, interval: float = MASTER_CH
 
 @contextlib.asynccontextmanager
 async def connect(
-    url: str | None, home: Path, replica_wait: durability.ReplicaWait | None = None
+    url: str | None, home: Path, replica_wait: durability.ReplicaWait | None = None, *, share: bool = True
 ) -> AsyncIterator[ArqRedis]:
     """An arq Redis pool on `url`, or on the embedded server under `home` when `url` is None.
 
     A `redis+sentinel://` URL gives a pool that follows the master (`follow_master` runs beside it).
+    `share`: its short commands go on one shared connection (`bus.mux`; with hiredis installed).
     `replica_wait`: the writes `bus.durability` guards wait for that many replicas on this pool.
     The pool is closed before the embedded server is released: redis-server shuts down only once
     its last client is gone.
@@ -577,6 +571,7 @@ async def connect(
             await _follow_promotions(pool)
         if replica_wait is not None:
             durability.require(pool, replica_wait)
+        shared = mux.attach(pool) if share else None
         watch = asyncio.create_task(follow_master(pool)) if is_sentinel_url(url) else None
         try:
             yield pool
@@ -585,6 +580,8 @@ async def connect(
                 watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch
+            if shared is not None:
+                await shared.aclose()
             await close(pool)
     finally:
         if embedded is not None:

@@ -74,7 +74,7 @@ async def test_a_connection_with_unread_data_is_not_reused_as_is(redis_url: str,
 
 async def test_the_check_skips_the_read_when_nothing_is_buffered(redis_url: str, tmp_path: Path) -> None:
     async with connect(redis_url, tmp_path) as pool:
-        await pool.ping()
+        await pool.echo("x")  # ECHO keeps the pool (bus.mux.SHARED)
         (conn,) = pool.connection_pool._available_connections
         if not isinstance(conn._parser, connection._HiredisParser):
             pytest.skip("hiredis not installed")

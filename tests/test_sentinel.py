@@ -197,15 +197,24 @@ async def test_guarded_writes_pass_once_the_replica_holds_them(cluster: Sentinel
             await effects.begin("g", "t3", record)
 
 
-async def test_a_plain_url_connection_that_meets_readonly_is_dropped(cluster: SentinelCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("share", [False, True], ids=["pool", "shared connection"])
+async def test_a_plain_url_connection_that_meets_readonly_is_dropped(
+    cluster: SentinelCluster, tmp_path: Path, share: bool
+) -> None:
     """A managed service's failover keeps the endpoint's name: a connection to the demoted primary
-    answering READONLY is closed, so the next command resolves the name again (no READONLY loop)."""
+    answering READONLY is closed, so the next command resolves the name again (no READONLY loop).
+    The same for the pool's connections and for the shared one (`bus.mux`), which goes back to the
+    pool closed."""
     replica = cluster.data_ports[1]
-    async with connect(f"redis://127.0.0.1:{replica}/0", tmp_path) as redis:
+    async with connect(f"redis://127.0.0.1:{replica}/0", tmp_path, share=share) as redis:
         with pytest.raises(redis_lib.exceptions.ReadOnlyError) as caught:
             await redis.set("k", 1)
         assert is_redis_trouble(caught.value)
         pool = redis.connection_pool
-        idle = list(pool._available_connections)  # type: ignore[attr-defined]
+        for _ in range(100):  # the shared connection is handed back by a task of its own
+            idle = list(pool._available_connections)  # type: ignore[attr-defined]
+            if idle:
+                break
+            await asyncio.sleep(0.01)
         assert idle and not any(c.is_connected for c in idle)
         assert await redis.get("k") is None  # reads still work, on a new connection
