@@ -27,5 +27,5 @@ class Client(bus_client.Client):
         Raises `taskloom.settings.SettingsError` naming the variable when a setting is invalid.
         """
         s = settings or load_settings()
-        async with connect(s.redis_url, s.home) as redis:
+        async with connect(s.redis_url, s.home, share=s.redis_shared_connection) as redis:
             yield cls(redis, keys_for(s), s.default_budget_tokens, s.events_maxlen)

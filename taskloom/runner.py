@@ -209,7 +209,9 @@ async def run_goal(
     workers: asyncio.Task[None] | None = None
     if local and model is None:
         await preflight(settings)
-    async with connect(settings.redis_url, settings.home, settings.replica_wait) as redis:
+    async with connect(
+        settings.redis_url, settings.home, settings.replica_wait, share=settings.redis_shared_connection
+    ) as redis:
         client = Client(redis, keys_for(settings), settings.default_budget_tokens, settings.events_maxlen)
         if local:
             # Signals are the CLI's: a SIGTERM cancels this coroutine, and `finally` below stops the

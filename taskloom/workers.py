@@ -486,7 +486,12 @@ async def run_workers(
             if settings.metrics_port is not None and not burst:
                 metrics_server = metrics.serve(settings.metrics_port, settings.metrics_addr)
                 previous_observer = install(metrics.PrometheusObserver())
-            async with catalog, connect(settings.redis_url, settings.home, settings.replica_wait) as redis:
+            async with (
+                catalog,
+                connect(
+                    settings.redis_url, settings.home, settings.replica_wait, share=settings.redis_shared_connection
+                ) as redis,
+            ):
                 # Every source is listed once now: a tool name collision stops start-up, naming both.
                 await catalog.start()
                 await _run_fleet(roles, settings, redis, model, catalog, burst, stop, metrics_server)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 import structlog
-from arq.connections import ArqRedis, create_pool
+from arq.connections import ArqRedis
 
-from bus.connection import EmbeddedRedis, redis_settings
+from bus.connection import EmbeddedRedis, connect
 from bus.keys import Keys
 from llm.testing.guard import install_network_guard
 from taskloom import logs
@@ -62,16 +62,20 @@ def keys(prefix: str) -> Keys:
 
 
 @pytest.fixture
-async def redis(redis_url: str, prefix: str) -> AsyncIterator[ArqRedis]:
-    pool = await create_pool(redis_settings(redis_url))
-    try:
-        yield pool
-    finally:
-        # Our keys, and arq's job/result keys (their job ids start with our prefix).
-        for pattern in (f"{prefix}*", f"arq:*{prefix}*"):
-            async for key in pool.scan_iter(match=pattern, count=1000):
-                await pool.delete(key)
-        await pool.aclose()
+async def redis(redis_url: str, prefix: str, tmp_path: Path) -> AsyncIterator[ArqRedis]:
+    """The client a worker holds (`bus.connection.connect`): its short commands on the shared
+    connection (bus.mux) unless TASKLOOM_REDIS_SHARED_CONNECTION is false (CI's second pass), so
+    the suite runs both paths."""
+    shared = os.environ.get("TASKLOOM_REDIS_SHARED_CONNECTION", "true").strip().lower()
+    share = shared not in {"0", "false", "no", "off"}
+    async with connect(redis_url, tmp_path, share=share) as pool:
+        try:
+            yield pool
+        finally:
+            # Our keys, and arq's job/result keys (their job ids start with our prefix).
+            for pattern in (f"{prefix}*", f"arq:*{prefix}*"):
+                async for key in pool.scan_iter(match=pattern, count=1000):
+                    await pool.delete(key)
 
 
 @pytest.fixture

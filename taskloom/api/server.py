@@ -120,7 +120,7 @@ async def serve(settings: Settings, sock: socket.socket, config: ApiConfig, url:
     from .. import tracing
 
     tracing.configure(settings)  # a submit's `goal` span is exported from here (TASKLOOM_TRACING=otlp)
-    async with connect(settings.redis_url, settings.home) as redis:
+    async with connect(settings.redis_url, settings.home, share=settings.redis_shared_connection) as redis:
         keys = keys_for(settings)
         client = Client(redis, keys, settings.default_budget_tokens, settings.events_maxlen)
 

@@ -276,7 +276,7 @@ async def run_local(
 
         try:
             async with (
-                connect(s.redis_url, s.home) as redis,
+                connect(s.redis_url, s.home, share=s.redis_shared_connection) as redis,
                 judging(s, redis, judge, port if target.replay else None) as judged_by,
             ):
                 client = Client(redis, keys_for(s), s.default_budget_tokens, s.events_maxlen)
@@ -311,7 +311,10 @@ async def run_remote(
 ) -> list[RunRecord]:
     if any(t.port is not None for t in targets):
         raise ValueError("a model object (a replay) runs only on a local fleet")
-    async with connect(settings.redis_url, settings.home) as redis, judging(settings, redis, judge) as judged_by:
+    async with (
+        connect(settings.redis_url, settings.home, share=settings.redis_shared_connection) as redis,
+        judging(settings, redis, judge) as judged_by,
+    ):
         client = Client(redis, keys_for(settings), settings.default_budget_tokens, settings.events_maxlen)
         missing = await health.missing_roles(redis, client.keys, ROLES)
         if missing:
