@@ -95,15 +95,21 @@ class _Group:
         self.replies: list[Any] = []
 
 
-class _Link:
-    """One borrowed connection: the replies it owes, oldest first, and the bytes of this turn."""
+class _Link(asyncio.Protocol):
+    """One borrowed connection, and the replies it owes, oldest first.
+
+    It becomes its transport's protocol: the event loop hands it the bytes Redis sends as they
+    arrive (`data_received`), and the callers' futures are answered there, with no reader task in
+    between (a task's turn per read cost more than the rest of a command's reading). The stream
+    protocol redis-py built is still told when the connection is lost, so that redis-py's own
+    `disconnect` finishes as it would."""
 
     def __init__(self, mux: Multiplexer, conn: Connection) -> None:
         self.mux = mux
         self.conn = conn
         self.loop = asyncio.get_running_loop()
-        assert conn._writer is not None and conn._reader is not None  # a connected connection
-        self.writer: asyncio.StreamWriter = conn._writer
+        assert conn._writer is not None  # a connected connection
+        self.transport: asyncio.WriteTransport = conn._writer.transport
         encoder = conn.encoder
         options: dict[str, Any] = {
             "protocolError": redis.exceptions.InvalidResponse,
@@ -117,7 +123,8 @@ class _Link:
         self.broken: BaseException | None = None
         self.timeout = conn.socket_timeout
         self._timer: asyncio.TimerHandle | None = None
-        self.reading = self.loop.create_task(self._read(conn._reader))
+        self._streams = self.transport.get_protocol()
+        self.transport.set_protocol(self)
 
     # -- sending ----------------------------------------------------------------------------------
 
@@ -134,31 +141,36 @@ class _Link:
             if self._timer is None:
                 self._timer = self.loop.call_later(self.timeout, self._check_timeout)
         try:
-            if self.writer.is_closing():
+            if self.transport.is_closing():
                 raise redis.exceptions.ConnectionError("Connection closed.")
-            self.writer.write(data)
+            self.transport.write(data)
         except Exception as exc:
             self.fail(_as_connection_error(exc, "writing to"))
 
-    # -- receiving --------------------------------------------------------------------------------
+    # -- receiving (asyncio.Protocol) -------------------------------------------------------------
 
-    async def _read(self, stream: asyncio.StreamReader) -> None:
+    def data_received(self, data: bytes) -> None:
+        if self.broken is not None:
+            return
         try:
-            while True:
-                data = await stream.read(65536)
-                if not data:
-                    raise redis.exceptions.ConnectionError("Connection closed by server.")
-                self.parser.feed(data)
-                while (reply := self.parser.gets()) is not False:
-                    self._answer(reply)
-                    if isinstance(reply, _ReadOnly):
-                        # A demoted primary: this command has its error; no other goes there.
-                        raise redis.exceptions.ConnectionError("the server answered READONLY (it was demoted)")
-        except asyncio.CancelledError:
-            self.fail(redis.exceptions.ConnectionError("the shared connection was closed"))
-            raise
+            self.parser.feed(data)
+            while (reply := self.parser.gets()) is not False:
+                self._answer(reply)
+                if isinstance(reply, _ReadOnly):
+                    # A demoted primary: this command has its error; no other goes there.
+                    raise redis.exceptions.ConnectionError("the server answered READONLY (it was demoted)")
         except Exception as exc:
             self.fail(_as_connection_error(exc, "reading from"))
+
+    def eof_received(self) -> bool:
+        self.fail(redis.exceptions.ConnectionError("Connection closed by server."))
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(
+            _as_connection_error(exc, "reading from") if exc else redis.exceptions.ConnectionError("Connection closed.")
+        )
+        self._streams.connection_lost(exc)  # redis-py's disconnect waits for its stream's close
 
     def _answer(self, reply: Any) -> None:
         if not self.pending:
@@ -299,8 +311,6 @@ class Multiplexer:
         task.add_done_callback(self._retiring.discard)
 
     async def _retire(self, link: _Link) -> None:
-        if not link.reading.done():
-            link.reading.cancel()
         try:
             await link.conn.disconnect()
         finally:

@@ -170,7 +170,6 @@ RULES = {
         PACKAGES_AND_BENCH,
         {
             **BUS,
-            "bench/coalesce.py": "measures a bare connection of its own against the worker's pool, below taskloom",
             "bench/ledger.py": "measures the ledger's scripts alone, on a bare client without arq",
             "bench/replicawait.py": "starts replica servers and probes them, below taskloom",
             "bench/roundtrips.py": "attributes every command to a job with MONITOR and CLIENT LIST",
