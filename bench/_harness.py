@@ -380,6 +380,10 @@ def worker_env(bench: Bench, *, poll_delay: float, base_url: str, **extra: str) 
     # loop (TASKLOOM_EVENT_LOOP; default: uvloop when installed), so that the floor is the workers' own.
     if os.environ.get("BENCH_EVENT_LOOP"):
         env["TASKLOOM_EVENT_LOOP"] = os.environ["BENCH_EVENT_LOOP"]
+    # `BENCH_REDIS_SHARED_CONNECTION=false` gives the workers' every Redis command a pool connection of
+    # its own (TASKLOOM_REDIS_SHARED_CONNECTION; default: the shared connection, bus.mux), for A/B runs.
+    if os.environ.get("BENCH_REDIS_SHARED_CONNECTION"):
+        env["TASKLOOM_REDIS_SHARED_CONNECTION"] = os.environ["BENCH_REDIS_SHARED_CONNECTION"]
     if os.environ.get("BENCH_GC_PROBE"):
         env["PYTHONPATH"] = os.pathsep.join((str(REPO / "bench" / "gcprobe"), env["PYTHONPATH"]))
     env.update(extra)
