@@ -9,8 +9,10 @@ too: the reserve script reads the tenant's settings and draws from the goal and 
 both units), then a plain PING under the same concurrency, in the same run. The target is a pair
 costing no more than 2.2 PINGs at p50 with one client, and the tenant-pool path at most 10% more
 (issue 32; the report ends with both, met or not): a reserve is one EVALSHA and a settle another.
-The client is the pool a worker uses (`bus.connection.connect`). Everything is written under a unique
-key prefix and deleted afterwards.
+The client is the one a worker uses (`bus.connection.connect`: its short commands, the pairs and
+the PINGs alike, on one shared connection, `bus.mux`); a PING through redis-py's pool, a connection
+per command, is measured beside it for comparison with the runs before the shared connection.
+Everything is written under a unique key prefix and deleted afterwards.
 
 Two ways to settle are measured. "at once": the settle is its own script, as every planner and
 critic call and an executor attempt's first call make it (a pair is two round trips). "held": the
@@ -112,11 +114,24 @@ async def redis_at(url: str) -> AsyncIterator[tuple[Redis, str]]:
             yield redis, url if reachable else "embedded redis-server (unix socket)"
 
 
+@contextlib.asynccontextmanager
+async def pooled_like(redis: Redis) -> AsyncIterator[Redis]:
+    """A second client on the same server, without the shared connection (`bus.mux`): redis-py's
+    pool, a connection per command, the reference PING of the runs before the shared connection."""
+    kwargs = dict(redis.connection_pool.connection_kwargs)
+    pool = type(redis.connection_pool)(connection_class=redis.connection_pool.connection_class, **kwargs)
+    client = Redis(connection_pool=pool)
+    try:
+        yield client
+    finally:
+        await client.aclose(close_connection_pool=True)
+
+
 PATHS = (("goal only", GOAL), ("goal + tenant pool, tokens + USD", TENANT_GOAL))
 
 
 async def run(url: str, ops: int, levels: list[int]) -> str:
-    async with redis_at(url) as (redis, where):
+    async with redis_at(url) as (redis, where), pooled_like(redis) as pooled:
         keys = Keys(prefix=f"bench:{uuid.uuid4().hex[:12]}:")
         ledger = Ledger(redis, keys)
         # The executor's ledger: each settle held until the next reserve (the delay never runs out here).
@@ -138,7 +153,10 @@ async def run(url: str, ops: int, levels: list[int]) -> str:
         async def ping() -> None:
             await redis.ping()
 
-        named: dict[str, Callable[[], Awaitable[object]]] = {"ping": ping}
+        async def ping_pool() -> None:
+            await pooled.ping()
+
+        named: dict[str, Callable[[], Awaitable[object]]] = {"ping": ping, "ping_pool": ping_pool}
         for settle, hold in (("at once", False), ("held", True)):
             for path, goal in PATHS:
                 named[f"{settle}|{path}"] = pair(goal, hold)
@@ -169,7 +187,7 @@ def report(rows: list[tuple[int, dict[str, Stats]]], where: str, version: str, o
     for clients, r in rows:
         p = r["ping"]
         for name, x in r.items():
-            if name == "ping":
+            if name in ("ping", "ping_pool"):
                 continue
             settle, path = name.split("|")
             lines.append(
@@ -194,6 +212,13 @@ def report(rows: list[tuple[int, dict[str, Stats]]], where: str, version: str, o
                 )
                 + " |"
             )
+            if judged:
+                pool_ping = r["ping_pool"].p50_ms
+                lines.append(
+                    f"| pair p50 / PING p50 through redis-py's pool ({pool_ping:.3f} ms), 1 client, settle {settle} "
+                    f"| {goal.p50_ms / pool_ping:.2f}x | for comparison: the PING of the runs before the shared "
+                    "connection (`bus.mux`), which makes the PING cheaper too |"
+                )
             lines.append(
                 f"| tenant pool + USD pair p50 <= goal-only + {TENANT_EXTRA:.0%}, 1 client, settle {settle} | "
                 f"{extra:+.0%} | "
