@@ -36,14 +36,18 @@ def connections(client: redis.asyncio.Redis) -> int:
     return len(pool._available_connections) + len(pool._in_use_connections)  # type: ignore[attr-defined]
 
 
+async def drop(client: redis.asyncio.Redis, prefix: str) -> None:
+    async for key in client.scan_iter(match=f"{prefix}*"):
+        await client.delete(key)
+
+
 @pytest.fixture
 async def shared(redis_url: str, prefix: str, tmp_path: Path) -> AsyncIterator[redis.asyncio.Redis]:
     async with connect(redis_url, tmp_path) as client:
         try:
             yield client
         finally:
-            async for key in client.scan_iter(match=f"{prefix}*"):
-                await client.delete(key)
+            await drop(client, prefix)
 
 
 async def test_concurrent_callers_each_get_their_own_reply_on_one_connection(
@@ -85,8 +89,7 @@ async def test_replies_are_parsed_as_redis_py_parses_them(redis_url: str, prefix
         try:
             assert await run(shared, "shared") == await run(pooled, "pooled")
         finally:
-            async for key in pooled.scan_iter(match=f"{prefix}*"):
-                await pooled.delete(key)
+            await drop(pooled, prefix)
 
 
 async def test_an_error_reply_is_that_callers_error_and_the_connection_goes_on(
