@@ -92,7 +92,7 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,100")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    if mux.hiredis is None:
+    if not mux.HIREDIS:
         parser.error("needs hiredis (installed with taskloom): pip install hiredis")
     levels = [int(c) for c in args.clients.split(",")]
     started = datetime.now(UTC)

@@ -27,7 +27,7 @@ import fcntl
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -42,11 +42,6 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
 from . import durability, mux
 
-_pack: Callable[[tuple[Any, ...]], bytes] | None
-try:  # the optional `taskloom[fast]` extra
-    from hiredis import pack_command as _pack
-except ImportError:  # pragma: no cover - exercised where hiredis is not installed
-    _pack = None
 _HiredisParser = redis._parsers._AsyncHiredisParser
 
 log = structlog.get_logger("taskloom.redis")
@@ -424,7 +419,7 @@ class _Lean:
     a value redis-py would refuse (a bool, an object) raises the same `DataError`."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        if _pack is None:
+        if not mux.HIREDIS:
             return super().pack_command(*args)  # type: ignore[misc, no-any-return]
         return [mux.pack(args)]
 

@@ -4,9 +4,9 @@ commands in order: no pool, no connection per command in flight.
 Through redis-py's pool, every command in flight holds a connection of its own and makes its own
 `send` and `recv`, and its client side (the pool's lock, the retry wrapper, the connection checks)
 costs some 55-75 µs of CPU on a small machine, most of a round trip's. Here a command is packed
-(hiredis), written, and answered by a future: one reader task matches replies to their commands
-first in, first out (Redis answers each connection in order), and while Redis is busy its replies
-to several callers arrive in one read.
+(hiredis), written, and answered by a future: the connection's protocol (`_Link`) matches replies
+to their commands first in, first out (Redis answers each connection in order), and while Redis is
+busy its replies to several callers arrive in one read.
 
 What goes on the shared connection (`SHARED`): short data commands and scripts, and
 non-transactional pipelines made only of them. Everything else keeps the pool, where each command
@@ -24,7 +24,7 @@ the connection, so no later command goes to the old primary. A caller cancelled 
 on the way leaves its place in the queue: the reply is read and dropped, and the connection stays
 good (the pool has to close a connection whose reply was abandoned). The pool's `socket_timeout`,
 when one is set, is honoured here too: a reply that has not come in that time breaks the connection.
-Needs hiredis (`taskloom[fast]`); without it every command keeps the pool.
+Needs hiredis (a dependency of taskloom); without it every command keeps the pool.
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import Connection
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 
-try:  # the optional `taskloom[fast]` extra
+try:  # installed with taskloom; optional for the code, which falls back to the pool without it
     import hiredis
 except ImportError:  # pragma: no cover - exercised where hiredis is not installed
     hiredis = None  # type: ignore[assignment]
+HIREDIS: bool = hiredis is not None  # the shared connection and the C packer need it
 
 # Commands that are answered at once with one reply and leave the connection as they found it.
 SHARED = frozenset(
@@ -259,7 +260,6 @@ class Multiplexer:
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self.client = client
         self._pool_execute: Callable[..., Any] = client.execute_command
-        self._pool_pipeline: Callable[..., Any] = client.pipeline
         self._link: _Link | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -386,7 +386,7 @@ class SharingPipeline(Pipeline):
 def attach(client: redis.asyncio.Redis) -> Multiplexer | None:
     """Send `client`'s `SHARED` commands and pipelines on one shared connection from now on (None,
     and nothing changed, without hiredis). Undo with `Multiplexer.aclose`."""
-    if hiredis is None:
+    if not HIREDIS:
         return None
     mux = Multiplexer(client)
     client.execute_command = mux.execute_command  # type: ignore[method-assign]

@@ -70,7 +70,7 @@ class Settings(Limits, BaseSettings):
     redis_wait_replicas: int = Field(default=0, ge=0, le=16, description="replicas a guarded write waits for")
     redis_wait_timeout: float = Field(default=0.5, gt=0, le=60, description="seconds a guarded write waits")
     # Short commands (scripts, reads, plain writes) of a process share one connection, replies
-    # matched in order (bus.mux; needs hiredis, `taskloom[fast]`); off = a pool connection per
+    # matched in order (bus.mux; reads replies with hiredis); off = a pool connection per
     # command in flight, as redis-py does it.
     redis_shared_connection: bool = Field(default=True, description="short commands share one connection")
     home: Path = Field(default_factory=default_home, description="data directory of the embedded Redis")

@@ -66,8 +66,7 @@ async def redis(redis_url: str, prefix: str, tmp_path: Path) -> AsyncIterator[Ar
     """The client a worker holds (`bus.connection.connect`): its short commands on the shared
     connection (bus.mux) unless TASKLOOM_REDIS_SHARED_CONNECTION is false (CI's second pass), so
     the suite runs both paths."""
-    shared = os.environ.get("TASKLOOM_REDIS_SHARED_CONNECTION", "true").strip().lower()
-    share = shared not in {"0", "false", "no", "off"}
+    share = Settings(redis_url=redis_url).redis_shared_connection  # read from the environment as workers read it
     async with connect(redis_url, tmp_path, share=share) as pool:
         try:
             yield pool

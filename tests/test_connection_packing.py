@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio
 import redis.exceptions
 
-from bus import connection
+from bus import connection, mux
 from bus.connection import FollowingConnection, PackingUnixConnection, connect
 
 ARGS: list[tuple[object, ...]] = [
@@ -22,7 +22,7 @@ ARGS: list[tuple[object, ...]] = [
 ]
 
 
-@pytest.mark.skipif(connection._pack is None, reason="hiredis not installed")
+@pytest.mark.skipif(not mux.HIREDIS, reason="hiredis not installed")
 @pytest.mark.parametrize("args", ARGS)
 def test_the_same_bytes_as_redis_py(args: tuple[object, ...]) -> None:
     ours = FollowingConnection()

