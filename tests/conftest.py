@@ -78,8 +78,12 @@ async def redis(redis_url: str, prefix: str, tmp_path: Path) -> AsyncIterator[Ar
 
 
 @pytest.fixture
-def settings(redis_url: str, prefix: str, tmp_path: Path) -> Settings:
-    return Settings(redis_url=redis_url, key_prefix=prefix, poll_delay=0.01, home=tmp_path / "home")
+def settings(redis_url: str, prefix: str, tmp_path: Path) -> Iterator[Settings]:
+    """Settings on the test Redis and prefix. The prefix's keys are deleted afterwards, as the `redis`
+    fixture does: a test may run a fleet on these settings without that fixture (on the machine's
+    Redis, CI's second pass, its goals would otherwise stay behind)."""
+    yield Settings(redis_url=redis_url, key_prefix=prefix, poll_delay=0.01, home=tmp_path / "home")
+    _delete_keys(redis_url, prefix)
 
 
 @pytest.fixture
