@@ -58,7 +58,13 @@ USAGE = Usage(input_tokens=400, output_tokens=700, cache_read_tokens=50)
 MODEL = "claude-sonnet-4-6"
 
 
-ROUNDS = 5  # pairs and PINGs alternate in rounds, so both see the same background load
+# Pairs and PINGs alternate in short blocks of about BLOCK operations each, so that every path sees
+# the same background load. This machine class drifts: its speed moves by up to 2x for seconds at
+# a time. With five blocks of 600 (the runs before 2026-12-03 afternoon) one path could sit in a
+# slow phase and another in a fast one, and the same code measured the tenant path's extra from
+# +9% to +30% in three runs in a row; blocks of about 50 spread the phases over every path alike.
+BLOCK = 50
+MIN_ROUNDS = 5
 
 
 @dataclass(frozen=True)
@@ -104,10 +110,11 @@ async def compare(
     redis: Redis, clients: int, ops: int, named: dict[str, Callable[[], Awaitable[object]]]
 ) -> dict[str, Stats]:
     results: dict[str, tuple[list[float], float, float]] = {name: ([], 0.0, 0.0) for name in named}
-    for _ in range(ROUNDS):
+    rounds = max(MIN_ROUNDS, ops // max(BLOCK, clients))
+    for _ in range(rounds):
         for name, op in named.items():
             before = await server_usec(redis)
-            lat, wall = await measure(clients, ops // ROUNDS, op)
+            lat, wall = await measure(clients, ops // rounds, op)
             spent = await server_usec(redis) - before
             lats, walls, usec = results[name]
             results[name] = (lats + lat, walls + wall, usec + spent)
