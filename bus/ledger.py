@@ -50,9 +50,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import time
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import lru_cache
 
 import structlog
@@ -105,6 +107,15 @@ def ledger_keys(keys: Keys) -> tuple[str, str, str]:
 def model_tag(model: str | None) -> str:
     """The model as a line of a reservation's record and part of field names: no whitespace."""
     return "-" if model is None else re.sub(r"\s", "_", model)[:200] or "-"
+
+
+@lru_cache(maxsize=4)
+def day_hint(day: int) -> tuple[str, int]:
+    """The reserve script's hint of the current UTC day (number `day` since the epoch): its label
+    and first second. The script checks it against Redis's clock, so a wrong worker clock costs
+    only the hint, never a wrong period."""
+    start = day * 86400
+    return datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%d"), start
 
 
 # -- the clamp decision (pure; the reserve script implements the same rule) -----------------------
@@ -244,6 +255,7 @@ class Ledger:
             model_tag(model),
             int(self.prices.priced(model)),
             self.keys.tenant(""),
+            *day_hint(int(time.time() // 86400)),
         ]
         return rid, keys, args
 

@@ -169,7 +169,12 @@ class LedgerSnapshot(BaseModel):
 
     @classmethod
     def from_hash(cls, name: str, h: Mapping[str, str]) -> LedgerSnapshot:
+        # A tenant period pool keeps its settled tokens by kind per model only.
+        kinds = {f"spent_{k}": v for k, v in (per_model_kinds(h) or {}).items()}
+
         def n(field: str) -> int:
+            if field in kinds:
+                return kinds[field]
             return int(h.get(field) or 0)
 
         budget, spent, reserved = n("budget"), n("spent"), n("reserved")
@@ -200,6 +205,25 @@ class LedgerSnapshot(BaseModel):
             unpriced=n("unpriced"),
             pools=[p for p in (h.get("pools") or "").split("\n") if p],
         )
+
+
+SETTLED_KINDS = ("input", "output", "cache_read", "cache_write")
+
+
+def per_model_kinds(h: Mapping[str, str]) -> dict[str, int] | None:
+    """The settled tokens by kind of books that keep them per model (`m:<model>:<kind>`, a tenant's
+    period pool), summed over the models; None for books without per-model fields. Such books keep
+    no totals by kind of their own (a settle writes four fields fewer); older workers wrote both,
+    and the per-model fields alone still count every settle once."""
+    sums: dict[str, int] | None = None
+    for field, value in h.items():
+        if field.startswith("m:"):
+            if sums is None:
+                sums = dict.fromkeys(SETTLED_KINDS, 0)
+            kind = field.rpartition(":")[2]
+            if kind in sums:
+                sums[kind] += int(value)
+    return sums
 
 
 def reservation_from_reply(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -68,6 +69,23 @@ async def test_lua_period_matches_python(ledger: Ledger, tenants: Tenants, redis
         await tenants.set(name, period=period)  # type: ignore[arg-type]
         await ledger.open(f"g{period}", 1000, tenant=name)
         res = await ledger.reserve(f"g{period}", 10, 10, model="m")
+        sec, _ = await redis.time()
+        assert res.tenant_pool == f"tenant:{name}:{period_label(period, datetime.fromtimestamp(sec, UTC))}"
+
+
+@pytest.mark.parametrize("worker_skew_days", [-40, -1, 1, 400])
+async def test_period_follows_redis_clock_not_the_workers_hint(
+    ledger: Ledger, tenants: Tenants, redis: ArqRedis, monkeypatch: pytest.MonkeyPatch, worker_skew_days: int
+) -> None:
+    """The worker passes its own day as a hint; a worker clock days off still files the spend
+    under Redis's day and month."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + worker_skew_days * 86400)
+    for period in ("day", "month"):
+        name = f"s{period}"
+        await tenants.set(name, period=period)  # type: ignore[arg-type]
+        await ledger.open(f"s{period}", 1000, tenant=name)
+        res = await ledger.reserve(f"s{period}", 10, 10, model="m")
         sec, _ = await redis.time()
         assert res.tenant_pool == f"tenant:{name}:{period_label(period, datetime.fromtimestamp(sec, UTC))}"
 
@@ -152,6 +170,33 @@ async def test_spend_by_model_and_kind_and_reset(ledger: Ledger, tenants: Tenant
     await ledger.settle(held, Usage(input_tokens=5, output_tokens=5))
     books = (await tenants.show("acme")).periods[0].books
     assert (books.spent, books.reserved, books.open) == (10, 0, 0)
+
+
+async def test_pool_totals_by_kind_are_the_sums_over_models(
+    ledger: Ledger, tenants: Tenants, redis: ArqRedis, keys: Keys
+) -> None:
+    """The period pool keeps its settled tokens by kind per model only (a settle writes fewer fields);
+    its books show their sums, and books an older worker wrote with both layouts count each settle once."""
+    await tenants.set("acme", budget_tokens=10_000)
+    await ledger.open("g", 100_000, tenant="acme")
+    for model, usage in (
+        ("m", Usage(input_tokens=10, output_tokens=20, cache_read_tokens=3)),
+        ("n", Usage(input_tokens=1, output_tokens=2, cache_write_tokens=4)),
+    ):
+        r = await ledger.reserve("g", 50, 50, model=model)
+        await ledger.settle(r, usage, model=model)
+    pool = keys.pool_prefix() + "tenant:acme:all"
+    raw = await redis.hgetall(pool)
+    assert not any(f.startswith(b"spent_") and f != b"spent_unknown" for f in raw), raw
+    goal = await ledger.snapshot("g")  # a goal's books keep their totals as before
+    view = await tenants.show("acme")
+    books = view.periods[0].books
+    for b in (books, goal):
+        assert (b.spent_input, b.spent_output, b.spent_cache_read, b.spent_cache_write, b.spent) == (11, 22, 3, 4, 40)
+    # An older worker's settle wrote the totals too: they are not counted a second time.
+    await redis.hset(pool, mapping={"spent_input": 11, "spent_output": 22, "m:m:input": 110})
+    books = (await tenants.show("acme")).periods[0].books
+    assert (books.spent_input, books.spent_output) == (111, 22)
 
 
 async def test_set_validates_and_is_partial(tenants: Tenants) -> None:
