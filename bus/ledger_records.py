@@ -210,20 +210,26 @@ class LedgerSnapshot(BaseModel):
 SETTLED_KINDS = ("input", "output", "cache_read", "cache_write")
 
 
-def per_model_kinds(h: Mapping[str, str]) -> dict[str, int] | None:
-    """The settled tokens by kind of books that keep them per model (`m:<model>:<kind>`, a tenant's
-    period pool), summed over the models; None for books without per-model fields. Such books keep
-    no totals by kind of their own (a settle writes four fields fewer); older workers wrote both,
-    and the per-model fields alone still count every settle once."""
-    sums: dict[str, int] | None = None
+def per_model(h: Mapping[str, str]) -> dict[str, dict[str, int]]:
+    """The per-model fields of books that keep them (`m:<model>:<kind>`, a tenant's period pool):
+    model -> kind -> value; empty for other books. The one reader of that layout."""
+    per: dict[str, dict[str, int]] = {}
     for field, value in h.items():
         if field.startswith("m:"):
-            if sums is None:
-                sums = dict.fromkeys(SETTLED_KINDS, 0)
-            kind = field.rpartition(":")[2]
-            if kind in sums:
-                sums[kind] += int(value)
-    return sums
+            model, _, kind = field[2:].rpartition(":")
+            per.setdefault(model, {})[kind] = int(value)
+    return per
+
+
+def per_model_kinds(h: Mapping[str, str]) -> dict[str, int] | None:
+    """The settled tokens by kind of books that keep them per model, summed over the models; None
+    for books without per-model fields. Such books keep no totals by kind of their own (a settle
+    writes four fields fewer); older workers wrote both, and the per-model fields alone still count
+    every settle once."""
+    per = per_model(h)
+    if not per:
+        return None
+    return {kind: sum(kinds.get(kind, 0) for kinds in per.values()) for kind in SETTLED_KINDS}
 
 
 def reservation_from_reply(

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 
 from .keys import Keys
-from .ledger_records import TENANT_NAME_PATTERN, LedgerSnapshot
+from .ledger_records import TENANT_NAME_PATTERN, LedgerSnapshot, per_model
 from .prices import usd_to_micro
 from .replies import as_str, str_pairs
 from .scripts import lua, registered
@@ -119,18 +119,13 @@ def _decode(h: Mapping[Any, Any]) -> dict[str, str]:
 
 
 def _model_spend(h: Mapping[str, str]) -> list[ModelSpend]:
-    per: dict[str, dict[str, int]] = {}
-    for field, value in h.items():
-        if field.startswith("m:"):
-            model, _, kind = field[2:].rpartition(":")
-            per.setdefault(model, {})[kind] = int(value)
     return [
         ModelSpend(
             model=m,
             **{k: v.get(k, 0) for k in KINDS},
             cost_usd=v.get("cost", 0) / 1_000_000,
         )
-        for m, v in sorted(per.items())
+        for m, v in sorted(per_model(h).items())
     ]
 
 
