@@ -197,6 +197,11 @@ class Keys:
     def tenant_periods(self, name: str) -> str:
         return f"{self.tenant(name)}:periods"
 
+    def tenant_grants(self, name: str) -> str:
+        """Set: the books of the tenant's goals that hold a grant of one of its period pools (the
+        scripts derive it as `<tenant>:grants`)."""
+        return f"{self.tenant(name)}:grants"
+
     def tenant_running(self, name: str) -> str:
         """Sorted set: the tenant's running task attempts (`goal/task`) by slot expiry."""
         return f"{self.tenant(name)}:running"

@@ -39,6 +39,25 @@ token over any budget, but a reserve from another process may find less room for
 crash loses the held settles; their reservations are forfeited in full when they expire, counted as
 spent, never as free.
 
+Grants (a tenant's goals): booking the tenant's period pool on every call took about as much of
+Redis's time as the goal's own books. A goal instead takes a grant from the pool on its first call
+(the reserve's slow path: the tenant's settings and the pool read, the pool's `reserved` raised by
+the call and by up to 8 more like it (`GRANT_CALLS` in `bus/lua/ledger_reserve.lua`), at most a
+quarter of what the pool has left), and its later calls reserve and settle against the grant in the
+goal's books alone (the fast path: one field more read, the spend per model kept as
+`tm:<model>:<kind>` until reported). The grant's record is the goal's field `tg`
+(`bus/lua/ledger_lib.lua` says its lines). The goal *reports* its grant to the pool (its counters'
+growth, spend, spend per model; what it holds beyond its calls in flight goes back) when the grant
+cannot carry a call, when its period ends, when another goal of the tenant finds the pool short
+(`reclaim`: no call refuses or clamps for tokens a grant holds unused), when the tenant is read or
+reset, when its settings change (`Tenants.set`: the grants end, so new limits bind the next call),
+and before retention deletes the goal's books (`end_grant`). The pool always holds every grant in
+full: never a token over any budget. A call in flight when its grant ended (period over, settings
+changed) is closed on its own pool when it settles, as a call of an older worker is. Workers of an
+older version serving the same tenant's goal at once (a rolling upgrade) can make the pool count a
+few calls twice or hold a call's tokens until the period ends: never too few (a few calls' spend per
+model may be missing).
+
 Budgets count tokens of every kind alike (a cache read is a token against the budget). Input
 estimates (`llm.estimate`) are conservative: they err high. When usage still exceeds the
 reservation, the truth is recorded as spent (and the excess as `overrun`); the output part can never
@@ -143,6 +162,12 @@ _FOLD = lua("ledger_lib", "ledger_fold", "ledger_reserve")
 _CLOSE = lua("ledger_lib", "ledger_close")
 _CLOSE_MANY = lua("ledger_lib", "ledger_close_many")
 _SWEEP = lua("ledger_lib", "ledger_sweep")
+_END_GRANT = lua("ledger_lib", "ledger_release")
+
+
+async def end_grant(redis: Redis, keys: Keys, goal_id: str) -> bool:
+    """`Ledger.end_grant` for a caller without a ledger (`bus.store` ends the grant of a goal that ends)."""
+    return bool(await registered(redis, _END_GRANT)(keys=[keys.ledger(goal_id)], args=[keys.tenant("")]))
 
 
 @dataclass
@@ -473,6 +498,16 @@ class Ledger:
             total += n
             if n < SWEEP_BATCH:
                 return total
+
+    async def end_grant(self, goal_id: str) -> bool:
+        """End the goal's grant from its tenant's pool, if it holds one (module doc: grants): its spend
+        is reported and what it holds beyond the calls in flight goes back. True if it held one."""
+        return await end_grant(self.redis, self.keys, goal_id)
+
+    @staticmethod
+    def end_grant_in(pipe: typing.Any, keys: Keys, goal_id: str) -> None:
+        """Queue `end_grant` on a transaction (`MULTI`): sent as EVAL, so it needs no loaded script."""
+        pipe.eval(_END_GRANT, 1, keys.ledger(goal_id), keys.tenant(""))
 
     async def snapshot(self, goal_id: str) -> LedgerSnapshot:
         """The goal's books, after forfeiting expired reservations. `LedgerNotFound` if never opened."""

@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from .keys import Keys
+from .ledger import Ledger
 from .replies import as_str
 from .schemas import GOAL_TERMINAL, GoalState
 
@@ -91,6 +92,8 @@ async def purge_goal(redis: Redis, keys: Keys, goal_id: str, cutoff: float) -> b
                 return False
             doomed = await goal_keys(redis, keys, goal_id)
             pipe.multi()  # type: ignore[no-untyped-call]
+            # A tenant's goal may still hold a grant of its pool: it ends before its books go.
+            Ledger.end_grant_in(pipe, keys, goal_id)
             pipe.unlink(*doomed)
             for index in (keys.goal_index(), keys.active_index(), keys.submitted_index()):
                 pipe.zrem(index, goal_id)

@@ -29,6 +29,7 @@ from llm.types import ModelResponse
 from . import events as ev
 from .batch import ScriptCall, run_scripts
 from .keys import Keys
+from .ledger import end_grant
 from .memo import Memo, hand_over_goal, is_handed_over, take_handed_over, take_handed_over_with_task
 from .replies import as_str
 from .schemas import (
@@ -246,7 +247,10 @@ class Store:
             leave=(self.keys.submitted_index(), goal_id),
             causes=causes,
         )
-        return transition_outcome(out, f"goal {goal_id}", target.value)
+        moved = transition_outcome(out, f"goal {goal_id}", target.value)
+        if moved and target in GOAL_TERMINAL:
+            await self._ended(goal_id)
+        return moved
 
     async def expire_if_late(
         self, goal_id: str, now: datetime | None = None, *, hand_over: bool = False, task_id: str | None = None
@@ -368,7 +372,17 @@ class Store:
                 goal_id,
             ],
         )
-        return transition_outcome(out, f"goal {goal_id}", GoalState.CANCELLED.value)
+        moved = transition_outcome(out, f"goal {goal_id}", GoalState.CANCELLED.value)
+        if moved:
+            await self._ended(goal_id)
+        return moved
+
+    async def _ended(self, goal_id: str) -> None:
+        # An ended goal gives back what its grant of the tenant's pool holds (bus.ledger, module doc:
+        # grants), so a tenant's grants are those of its goals that run. Not in the move's script: a
+        # crash between the two leaves the grant to the next report (a read of the tenant, a goal
+        # short of room, retention), which gives it back the same way.
+        await end_grant(self.redis, self.keys, goal_id)
 
     # -- plans --------------------------------------------------------------------------------
     async def save_plan(

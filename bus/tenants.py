@@ -8,10 +8,11 @@ and workers run.
 Settings (`Keys.tenant(name)`, changed atomically by `Tenants.set`):
 * `period`: `none` (one pool for ever), `day` or `month` (UTC calendar). Each period has its own
   books, the pool `tenant:<name>:<label>` (`all`, `2026-11-30`, `2026-11`).
-* `budget_tokens` and/or `budget_usd` (0 = no limit of that unit). The reserve script reads them as
-  they are at each reservation, so lowering them takes effect at once; below what the period has
-  already spent it refuses every new reservation, and touches nothing else (the books keep
-  balancing, open reservations still settle).
+* `budget_tokens` and/or `budget_usd` (0 = no limit of that unit). The reserve script reads them
+  whenever a goal takes a grant of the pool (`bus.ledger`, module doc: grants), and `set` ends every
+  grant of the tenant's goals, so lowering them takes effect at the next reservation; below what
+  the period has already spent it refuses every new reservation, and touches nothing else (the
+  books keep balancing, open reservations still settle).
 * `max_running`: how many of the tenant's task attempts may run at once (0 = no limit). An
   executor takes a slot before it starts an attempt (`acquire_slot`); when none is free the job is
   deferred (`TenantBusy`) and runs again shortly; nothing fails for it.
@@ -130,8 +131,9 @@ def _model_spend(h: Mapping[str, str]) -> list[ModelSpend]:
 
 
 # The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
-_SET = lua("tenants_set")
+_SET = lua("ledger_lib", "tenants_set")
 _RESET = lua("ledger_lib", "tenants_reset")
+_REPORT = lua("ledger_lib", "tenants_report")
 _ACQUIRE = lua("tenants_acquire")
 
 
@@ -143,6 +145,7 @@ class Tenants:
         self.keys = keys
         self._set = registered(redis, _SET)
         self._reset = registered(redis, _RESET)
+        self._report = registered(redis, _REPORT)
         self._acquire = registered(redis, _ACQUIRE)
 
     async def set(
@@ -196,6 +199,8 @@ class Tenants:
         current = period_label(settings.period, datetime.fromtimestamp(now, UTC))
         await self.redis.zremrangebyscore(self.keys.tenant_running(name), "-inf", now)
         running = int(await self.redis.zcard(self.keys.tenant_running(name)))
+        # The goals' grants are reported first: the pools then hold every settled call's spend.
+        await self.report(name)
         labels = [as_str(x) for x in await self.redis.zrevrange(self.keys.tenant_periods(name), 0, periods - 1)]
         out: list[PeriodSpend] = []
         for pool in labels:
@@ -211,6 +216,11 @@ class Tenants:
                 )
             )
         return TenantView(settings=settings, configured=bool(h), current=current, running=running, periods=out)
+
+    async def report(self, name: str) -> int:
+        """Report every grant the tenant's goals hold to its pool (they go on); returns how many."""
+        check_name(name)
+        return int(await self._report(keys=[self.keys.tenant_grants(name)], args=[]))
 
     async def reset(self, name: str) -> str:
         """Start the tenant's current period afresh (its spend back to zero); returns the pool name."""

@@ -39,12 +39,14 @@ local function int_of(v, key, field)
   return n
 end
 
--- `extra`: more field/value pairs to write in the same HSET. `watch`: a field read in the same HMGET
--- (before the write); its value is returned.
-local function add_all(key, fields, delta, extra, watch)
+-- `extra`: more field/value pairs to write in the same HSET. `watch`, `watch2`: fields read in the
+-- same HMGET (before the write); their values are returned.
+local function add_all(key, fields, delta, extra, watch, watch2)
   local n = #fields
   if n == 0 then return nil end
-  if watch then fields[n + 1] = watch end
+  local w1, w2 = n, n
+  if watch then w1 = w1 + 1; w2 = w1; fields[w1] = watch end
+  if watch2 then w2 = w2 + 1; fields[w2] = watch2 end
   local cur = redis.call('HMGET', key, unpack(fields))
   local args = {}
   for i = 1, n do
@@ -56,15 +58,13 @@ local function add_all(key, fields, delta, extra, watch)
     for _, v in ipairs(extra) do args[#args + 1] = v end
   end
   redis.call('HSET', key, unpack(args))
-  if watch then return cur[n + 1] end
-  return nil
+  return watch and cur[w1], watch2 and cur[w2]
 end
 
--- Returns the value `watch` (a field name, or nil) held before the write. The fields and their
--- changes are listed inline: a closure per call and a call per field cost ~15% of a book.
--- `reserved`, `open` and `calls` (or `releases`) are always written (as HINCRBY by 0 would create
--- them); a usage kind only once it is used.
-local function book(key, amount, fcost, mode, u, model, extra, watch)
+-- The fields a close changes in one book, and by how much. `model`: the book keeps the spend per
+-- model, as `<mprefix><model>:<kind>`; `totals`: it keeps its settled tokens by kind too (a goal's
+-- books do; the tenant period pool keeps them per model only).
+local function changes(amount, fcost, mode, u, model, mprefix, totals)
   local fields, delta, n = {'reserved', 'open'}, {-amount, -1}, 2
   if fcost ~= 0 then n = n + 1; fields[n] = 'reserved_micro'; delta[n] = -fcost end
   if mode == 'release' then
@@ -74,14 +74,14 @@ local function book(key, amount, fcost, mode, u, model, extra, watch)
     -- A book that keeps the spend per model (the tenant period pool) keeps its tokens by kind only
     -- there: its totals by kind are their sums (LedgerSnapshot.from_hash), and four fields fewer
     -- in the settle cut the tenant path's extra by about a tenth.
-    for i = model and 5 or 1, 6 do
+    for i = totals and 1 or 5, 6 do
       if u[i] ~= 0 then n = n + 1; fields[n] = SETTLED[i]; delta[n] = u[i] end
     end
     local total = u[1] + u[2] + u[3] + u[4]
     n = n + 1; fields[n] = 'spent'; delta[n] = total
     if total > amount then n = n + 1; fields[n] = 'overrun'; delta[n] = total - amount end
     if model then
-      local prefix = 'm:' .. model .. ':'
+      local prefix = mprefix .. model .. ':'
       for i = 1, 5 do
         if u[i] ~= 0 then n = n + 1; fields[n] = prefix .. KINDS[i]; delta[n] = u[i] end
       end
@@ -94,11 +94,131 @@ local function book(key, amount, fcost, mode, u, model, extra, watch)
     n = n + 1; fields[n] = mode == 'expire' and 'expired' or mode == 'unknown' and 'usage_unknown' or 'forfeits'
     delta[n] = 1
     if model then
-      n = n + 1; fields[n] = 'm:' .. model .. ':unknown'; delta[n] = amount
-      n = n + 1; fields[n] = 'm:' .. model .. ':cost'; delta[n] = fcost
+      n = n + 1; fields[n] = mprefix .. model .. ':unknown'; delta[n] = amount
+      n = n + 1; fields[n] = mprefix .. model .. ':cost'; delta[n] = fcost
     end
   end
+  return fields, delta
+end
+
+-- Closes one reservation in the books at `key` (see `changes`); returns the value `watch` (a field
+-- name, or nil) held before the write.
+local function book(key, amount, fcost, mode, u, model, extra, watch)
+  local fields, delta = changes(amount, fcost, mode, u, model, 'm:', not model)
   return add_all(key, fields, delta, extra, watch)
+end
+
+-- A goal of a tenant holds a grant from the tenant's period pool (`reserve`, slow path): tokens and
+-- micro-USD the pool set aside for it in one go, so that its calls reserve and settle in the goal's
+-- books alone. Its record is the goal's field `tg`, one value a line:
+--   1-2 the grant in tokens and micro-USD (held by the pool: free + in flight + spent since the last
+--       report), 3-4 the goal's tokens and micro-USD reserved outside the grant (calls made before
+--       it), 5-6 the goal's spent tokens and micro-USD already reported to the pool, 7 the end of the
+--       pool's period (epoch seconds), 8 the units the tenant limits ('t', 'u', 'tu' or '-'), 9 the
+--       pool's spent permille when granted, 10 the pool's key ('' when the grant has ended), 11 its name.
+-- Its other counters already reported are `t0:<field>`; the spend per model not yet reported,
+-- `tm:<model>:<kind>`. `report` hands all of that to the pool.
+local GRANT = '^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$'
+local function grant_of(tg)
+  if not tg then return nil end
+  local a = {string.match(tg, GRANT)}
+  if #a ~= 11 then error('grant record is damaged: ' .. tg) end
+  for i = 1, 7 do a[i] = tonumber(a[i]) end
+  a[9] = tonumber(a[9])
+  return a
+end
+
+local function grant_text(a)
+  return string.format('%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%s\n%.17g\n%s\n%s',
+                       a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11])
+end
+
+-- The goal's counters a grant reports to the pool as they grow (`t0:<field>`: the value reported).
+local REPORTED = {'open', 'calls', 'releases', 'unpriced', 'overrun', 'spent_unknown', 'usage_unknown',
+                  'forfeits', 'expired'}
+local IS_REPORTED = {}
+for _, c in ipairs(REPORTED) do IS_REPORTED[c] = true end
+local BASE = {reserved = 3, reserved_micro = 4, spent = 5, cost_micro_usd = 6}
+
+-- A close that was booked on the pool itself (its grant had ended, or an older worker made the
+-- call): its changes to the goal's books (`fields`, `delta`) move the baselines too, so the goal
+-- never reports them a second time, and what it wrote as unreported spend per model is taken back.
+local function unreport(gkey, tg, fields, delta)
+  local gr = grant_of(tg)
+  local f2, d2 = {}, {}
+  for i = 1, #delta do
+    local field, d = fields[i], delta[i]
+    local slot = BASE[field]
+    if slot then
+      gr[slot] = gr[slot] + d
+    elseif IS_REPORTED[field] then
+      f2[#f2 + 1] = 't0:' .. field; d2[#d2 + 1] = d
+    elseif string.sub(field, 1, 3) == 'tm:' then
+      f2[#f2 + 1] = field; d2[#d2 + 1] = -d
+    end
+  end
+  if #f2 == 0 then
+    redis.call('HSET', gkey, 'tg', grant_text(gr))
+  else
+    add_all(gkey, f2, d2, {'tg', grant_text(gr)})
+  end
+end
+
+local function num0(v) return tonumber(v or 0) or 0 end
+
+-- Reports the goal's grant to its pool: the growth of its counters, its spend (tokens, micro-USD,
+-- per model), and gives back what the grant holds beyond the calls in flight under it. `detach`:
+-- the grant ends; its calls in flight stay held by the pool, each closed there on its own. Returns
+-- false when the goal holds no grant. Idempotent: a second report has nothing to add.
+local function report(gkey, detach, holders)
+  local h = redis.call('HGETALL', gkey)
+  local v = {}
+  for i = 1, #h, 2 do v[h[i]] = h[i + 1] end
+  local gr = grant_of(v.tg)
+  if not gr or gr[10] == '' then
+    if holders then redis.call('SREM', holders, gkey) end
+    return false
+  end
+  local res, res_m, spent, cost = num0(v.reserved), num0(v.reserved_micro), num0(v.spent), num0(v.cost_micro_usd)
+  local inflight, inflight_m = res - gr[3], res_m - gr[4]
+  local pf = {'reserved', 'reserved_micro', 'spent', 'cost_micro_usd'}
+  local pd = {inflight - gr[1], inflight_m - gr[2], spent - gr[5], cost - gr[6]}
+  local gargs, dels = {}, {}
+  for _, c in ipairs(REPORTED) do
+    local now_c = num0(v[c])
+    local d = now_c - num0(v['t0:' .. c])
+    if d ~= 0 then
+      pf[#pf + 1] = c; pd[#pd + 1] = d
+      gargs[#gargs + 1] = 't0:' .. c; gargs[#gargs + 1] = now_c
+    end
+  end
+  for k, x in pairs(v) do
+    if string.sub(k, 1, 3) == 'tm:' then
+      local d = tonumber(x)
+      if d ~= 0 then pf[#pf + 1] = 'm:' .. string.sub(k, 4); pd[#pd + 1] = d end
+      dels[#dels + 1] = k
+    end
+  end
+  add_all(gr[10], pf, pd)
+  if detach then
+    gr = {0, 0, res, res_m, spent, cost, 0, '-', 0, '', ''}
+  else
+    gr[1], gr[2], gr[5], gr[6] = inflight, inflight_m, spent, cost
+  end
+  gargs[#gargs + 1] = 'tg'; gargs[#gargs + 1] = grant_text(gr)
+  redis.call('HSET', gkey, unpack(gargs))
+  if #dels > 0 then redis.call('HDEL', gkey, unpack(dels)) end
+  if holders and gr[1] == 0 and gr[2] == 0 then redis.call('SREM', holders, gkey) end
+  return true
+end
+
+-- Reports every grant of a tenant's goals (`holders`: the set of their books' keys); returns how many.
+local function report_all(holders, detach)
+  local n = 0
+  for _, gkey in ipairs(redis.call('SMEMBERS', holders)) do
+    if report(gkey, detach, holders) then n = n + 1 end
+  end
+  return n
 end
 
 -- `member` is the reservation's entry in the expiry set: its id, then its record (kept in the
@@ -115,11 +235,24 @@ local function close(open_key, expiry_key, member, mode, u, goal_extra, watch)
     f = lines(member .. '\n' .. rec)
   end
   local amount, fcost = tonumber(f[3]), tonumber(f[4])
+  local tp = f[6]
+  -- '@' + pool key: made under the goal's tenant grant; its spend per model waits in the goal's books.
+  local granted = string.byte(tp, 1) == 64
+  local fields, delta = changes(amount, fcost, mode, u, granted and f[5] or nil, 'tm:', true)
   -- `watch` {field, value}: whether the goal's books held another value in that field before (read
-  -- in the books' own HMGET).
-  local before = book(f[2], amount, fcost, mode, u, nil, goal_extra, watch and watch[1])
+  -- in the books' own HMGET), as the grant record is.
+  local before, tg = add_all(f[2], fields, delta, goal_extra, watch and watch[1], tp ~= '-' and 'tg' or nil)
   local changed = watch and before ~= watch[2]
-  if f[6] ~= '-' then book(f[6], amount, fcost, mode, u, f[5]) end
+  if granted then
+    tp = string.sub(tp, 2)
+    if not (tg and string.find(tg, '\n' .. tp .. '\n', 1, true)) then
+      book(tp, amount, fcost, mode, u, f[5])  -- its grant has ended: closed on the pool itself
+      unreport(f[2], tg, fields, delta)
+    end
+  elseif tp ~= '-' then
+    book(tp, amount, fcost, mode, u, f[5])  -- an older worker's call, made on the pool itself
+    if tg then unreport(f[2], tg, fields, delta) end
+  end
   for i = 7, #f do book(f[i], amount, fcost, mode, u, nil) end
   if changed then return 2 end
   return 1
@@ -184,4 +317,26 @@ local function period_label(period, t)
     return string.format('%04d-%02d', y, m)
   end
   return 'all'
+end
+
+-- Days since the epoch of a UTC calendar date (H. Hinnant's days_from_civil).
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = m > 2 and m - 3 or m + 9
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+-- The first second after the period `t` falls in (a grant of that period's pool ends then).
+local function period_end(period, t)
+  if period == 'day' then return (math.floor(t / 86400) + 1) * 86400 end
+  if period == 'month' then
+    local y, m = civil(t)
+    if m == 12 then y, m = y + 1, 1 else m = m + 1 end
+    return days_from_civil(y, m, 1) * 86400
+  end
+  return 1e15
 end

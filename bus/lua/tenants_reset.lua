@@ -1,7 +1,9 @@
 -- KEYS: tenant settings. ARGV: pool key prefix, tenant name.
 -- Starts the current period afresh: its spend (every kind, cost, per model) goes to zero, and is
 -- added to `before_reset_spent` / `before_reset_cost`; open reservations stay held and settle
--- normally, so `reserved` and `open` are untouched and the books still balance.
+-- normally, so `reserved` and `open` are untouched and the books still balance. The goals' grants
+-- are reported (and end) first, so the spend they hold is counted before the reset.
+report_all(KEYS[1] .. ':grants', true)
 local period = redis.call('HGET', KEYS[1], 'period')
 local name = 'tenant:' .. ARGV[2] .. ':' .. period_label(period, now())
 local key = ARGV[1] .. name
