@@ -185,6 +185,9 @@ class PriceTable:
         tiers = self._tiers_of(model)
         if tiers is None:
             return (0, 0)
+        if not tiers[1]:  # one tier, the common case: no list built per call
+            r = tiers[0]
+            return max(r[0], r[2], r[3]), r[1]
         every = [tiers[0], *(rates for start, rates in tiers[1] if input_tokens is None or input_tokens > start)]
         return max(max(r[0], r[2], r[3]) for r in every), max(r[1] for r in every)
 
