@@ -148,7 +148,7 @@ async def test_a_grant_ends_with_its_period(ledger: Ledger, tenants: Tenants, re
     now = datetime.fromtimestamp(sec, UTC)
     nxt = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
     assert float(record[6]) == nxt.timestamp()
-    assert record[9] == keys.pool(f"tenant:acme:{now:%Y-%m}")
+    assert record[9] == keys.pool(f"tenant:acme:{now:%Y-%m}") and record[10:] == ["m", f"tenant:acme:{now:%Y-%m}", "1"]
 
 
 async def test_ending_a_goals_grant_gives_back_what_it_holds(
@@ -221,3 +221,56 @@ async def test_a_goal_that_ends_gives_back_its_grant(
     figures = tuple(int(books.get(f, 0)) for f in ("reserved", "reserved_micro", "spent", "calls", "open"))
     assert figures == (0, 0, 140, 1, 0)
     assert await redis.smembers(keys.tenant_grants("acme")) == set()
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_spend_per_model_stays_exact_through_grants_refills_and_ends(
+    ledger: Ledger, tenants: Tenants, seed: int
+) -> None:
+    """Calls of two models, many in flight at once, settled, forfeited or released in any order, over
+    grants that run short, a change of settings that ends them, and two goals: the tenant's books show
+    each model's spend by kind exactly, and the pool's totals are the goals' totals."""
+    import random
+
+    rng = random.Random(seed)
+    await tenants.set("acme", budget_tokens=40_000, budget_usd=1)
+    for g in ("a", "b"):
+        await ledger.open(g, 10**9, tenant="acme")
+    expected: dict[str, list[int]] = {"m": [0] * 6, "n": [0] * 6}  # input, output, cache_read, cache_write, unknown, cost
+    open_calls: list[tuple[str, object]] = []
+    for step in range(60):
+        if step == 30:
+            await tenants.set("acme", budget_tokens=60_000)  # ends every grant, calls in flight included
+        if open_calls and (len(open_calls) > 5 or rng.random() < 0.5):
+            model, r = open_calls.pop(rng.randrange(len(open_calls)))
+            action = rng.choice(("settle", "settle", "settle", "forfeit", "release"))
+            if action == "settle":
+                usage = Usage(
+                    input_tokens=rng.randint(0, 50), output_tokens=rng.randint(0, 30),
+                    cache_read_tokens=rng.choice((0, 7)), cache_write_tokens=rng.choice((0, 3)),
+                )  # fmt: skip
+                assert await ledger.settle(r, usage, model=model)  # type: ignore[arg-type]
+                e = expected[model]
+                for i, v in enumerate((usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
+                                       usage.cache_write_tokens)):  # fmt: skip
+                    e[i] += v
+                e[5] += PRICES.cost(model, usage) or 0
+            elif action == "forfeit":
+                assert await ledger.forfeit(r)  # type: ignore[arg-type]
+                expected[model][4] += r.amount  # type: ignore[attr-defined]
+                expected[model][5] += r.cost_micro  # type: ignore[attr-defined]
+            else:
+                assert await ledger.release(r)  # type: ignore[arg-type]
+        else:
+            model = rng.choice(("m", "n"))
+            r = await ledger.reserve(rng.choice(("a", "b")), 60, 40, model=model)
+            open_calls.append((model, r))
+    view = await tenants.show("acme")
+    books = view.periods[0].books
+    got = {m.model: [m.input, m.output, m.cache_read, m.cache_write, m.unknown, round(m.cost_usd * 1_000_000)]
+           for m in view.periods[0].models}  # fmt: skip
+    assert got == {k: v for k, v in expected.items() if any(v)}
+    snaps = [await ledger.snapshot(g) for g in ("a", "b")]
+    assert books.spent == sum(s.spent for s in snaps) and books.cost_micro_usd == sum(s.cost_micro_usd for s in snaps)
+    assert books.open == len(open_calls) == sum(s.open for s in snaps)
+    assert books.reserved == sum(s.reserved for s in snaps)

@@ -115,22 +115,26 @@ end
 --       report), 3-4 the goal's tokens and micro-USD reserved outside the grant (calls made before
 --       it), 5-6 the goal's spent tokens and micro-USD already reported to the pool, 7 the end of the
 --       pool's period (epoch seconds), 8 the units the tenant limits ('t', 'u', 'tu' or '-'), 9 the
---       pool's spent permille when granted, 10 the pool's key ('' when the grant has ended), 11 its name.
--- Its other counters already reported are `t0:<field>`; the spend per model not yet reported,
--- `tm:<model>:<kind>`. `report` hands all of that to the pool.
-local GRANT = '^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$'
+--       pool's spent permille when granted, 10 the pool's key ('' when the grant has ended), 11 its
+--       model (the model of its calls whose spend per model is not kept apart), 12 the pool's name,
+--       13 its number (one more each time a grant ends: a call's record names the grant it was made
+--       under, '@<number>|<pool key>', so a call of an ended grant is known as such).
+-- Its other counters already reported are `t0:<field>`. A call of another model ('#' in its record,
+-- not '@') keeps its spend per model apart until reported, as `tm:<model>:<kind>`; the grant's own
+-- model's is what the goal's totals by kind grew by, less those. `report` hands all of it to the pool.
+local GRANT = '^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)$'
 local function grant_of(tg)
   if not tg then return nil end
   local a = {string.match(tg, GRANT)}
-  if #a ~= 11 then error('grant record is damaged: ' .. tg) end
+  if #a ~= 13 then error('grant record is damaged: ' .. tg) end
   for i = 1, 7 do a[i] = tonumber(a[i]) end
   a[9] = tonumber(a[9])
   return a
 end
 
 local function grant_text(a)
-  return string.format('%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%s\n%.17g\n%s\n%s',
-                       a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11])
+  return string.format('%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%.17g\n%s\n%.17g\n%s\n%s\n%s\n%s',
+                       a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13])
 end
 
 -- The goal's counters a grant reports to the pool as they grow (`t0:<field>`: the value reported).
@@ -139,6 +143,9 @@ local REPORTED = {'open', 'calls', 'releases', 'unpriced', 'overrun', 'spent_unk
 local IS_REPORTED = {}
 for _, c in ipairs(REPORTED) do IS_REPORTED[c] = true end
 local BASE = {reserved = 3, reserved_micro = 4, spent = 5, cost_micro_usd = 6}
+-- The goal's totals by kind, whose growth (`t0:<field>`: as reported) is the grant's model's spend.
+local KIND_OF = {spent_input = 'input', spent_output = 'output', spent_cache_read = 'cache_read',
+                 spent_cache_write = 'cache_write'}
 
 -- A close that was booked on the pool itself (its grant had ended, or an older worker made the
 -- call): its changes to the goal's books (`fields`, `delta`) move the baselines too, so the goal
@@ -151,7 +158,7 @@ local function unreport(gkey, tg, fields, delta)
     local slot = BASE[field]
     if slot then
       gr[slot] = gr[slot] + d
-    elseif IS_REPORTED[field] then
+    elseif IS_REPORTED[field] or KIND_OF[field] then
       f2[#f2 + 1] = 't0:' .. field; d2[#d2 + 1] = d
     elseif string.sub(field, 1, 3) == 'tm:' then
       f2[#f2 + 1] = field; d2[#d2 + 1] = -d
@@ -169,8 +176,21 @@ local function num0(v) return tonumber(v or 0) or 0 end
 -- Reports the goal's grant to its pool: the growth of its counters, its spend (tokens, micro-USD,
 -- per model), and gives back what the grant holds beyond the calls in flight under it. `detach`:
 -- the grant ends; its calls in flight stay held by the pool, each closed there on its own. Returns
--- false when the goal holds no grant. Idempotent: a second report has nothing to add.
-local function report(gkey, detach, holders)
+-- false when the goal holds no grant. Idempotent: a second report has nothing to add. `reclaim`: only
+-- for what the grant holds beyond its calls in flight; a grant holding nothing more is left as it is
+-- (read in one short HMGET: a goal short of room may look at many grants).
+local function report(gkey, detach, holders, reclaim)
+  if reclaim then
+    local q = redis.call('HMGET', gkey, 'tg', 'reserved', 'reserved_micro', 'spent', 'cost_micro_usd')
+    local gr = grant_of(q[1])
+    if not gr or gr[10] == '' then
+      redis.call('SREM', holders, gkey)
+      return false
+    end
+    if gr[1] == num0(q[2]) - gr[3] + num0(q[4]) - gr[5] and gr[2] == num0(q[3]) - gr[4] + num0(q[5]) - gr[6] then
+      return false  -- it holds its calls in flight and their spend, nothing unused
+    end
+  end
   local h = redis.call('HGETALL', gkey)
   local v = {}
   for i = 1, #h, 2 do v[h[i]] = h[i + 1] end
@@ -192,16 +212,30 @@ local function report(gkey, detach, holders)
       gargs[#gargs + 1] = 't0:' .. c; gargs[#gargs + 1] = now_c
     end
   end
+  -- Spend per model: the calls of other models kept theirs apart; the grant's model's is the rest.
+  local main = {unknown = num0(v.spent_unknown) - num0(v['t0:spent_unknown']), cost = cost - gr[6]}
+  for f, kind in pairs(KIND_OF) do
+    local now_c = num0(v[f])
+    main[kind] = now_c - num0(v['t0:' .. f])
+    gargs[#gargs + 1] = 't0:' .. f; gargs[#gargs + 1] = now_c
+  end
   for k, x in pairs(v) do
     if string.sub(k, 1, 3) == 'tm:' then
       local d = tonumber(x)
-      if d ~= 0 then pf[#pf + 1] = 'm:' .. string.sub(k, 4); pd[#pd + 1] = d end
+      local kind = string.match(k, ':([^:]*)$')
+      if d ~= 0 then
+        pf[#pf + 1] = 'm:' .. string.sub(k, 4); pd[#pd + 1] = d
+        main[kind] = (main[kind] or 0) - d
+      end
       dels[#dels + 1] = k
     end
   end
+  for kind, d in pairs(main) do
+    if d ~= 0 then pf[#pf + 1] = 'm:' .. gr[11] .. ':' .. kind; pd[#pd + 1] = d end
+  end
   add_all(gr[10], pf, pd)
   if detach then
-    gr = {0, 0, res, res_m, spent, cost, 0, '-', 0, '', ''}
+    gr = {0, 0, res, res_m, spent, cost, 0, '-', 0, '', '', '', tostring(tonumber(gr[13]) + 1)}
   else
     gr[1], gr[2], gr[5], gr[6] = inflight, inflight_m, spent, cost
   end
@@ -236,16 +270,20 @@ local function close(open_key, expiry_key, member, mode, u, goal_extra, watch)
   end
   local amount, fcost = tonumber(f[3]), tonumber(f[4])
   local tp = f[6]
-  -- '@' + pool key: made under the goal's tenant grant; its spend per model waits in the goal's books.
-  local granted = string.byte(tp, 1) == 64
-  local fields, delta = changes(amount, fcost, mode, u, granted and f[5] or nil, 'tm:', true)
+  -- '@' or '#', the grant's number, '|', the pool key: made under the goal's tenant grant; '#': of
+  -- another model than the grant's, its spend per model kept apart in the goal's books until reported.
+  local c1 = string.byte(tp, 1)
+  local granted = c1 == 64 or c1 == 35
+  local fields, delta = changes(amount, fcost, mode, u, c1 == 35 and f[5] or nil, 'tm:', true)
   -- `watch` {field, value}: whether the goal's books held another value in that field before (read
   -- in the books' own HMGET), as the grant record is.
   local before, tg = add_all(f[2], fields, delta, goal_extra, watch and watch[1], tp ~= '-' and 'tg' or nil)
   local changed = watch and before ~= watch[2]
   if granted then
-    tp = string.sub(tp, 2)
-    if not (tg and string.find(tg, '\n' .. tp .. '\n', 1, true)) then
+    local bar = string.find(tp, '|', 2, true)
+    local number = string.sub(tp, 2, bar - 1)
+    tp = string.sub(tp, bar + 1)
+    if not (tg and string.sub(tg, -#number - 1) == '\n' .. number and string.find(tg, '\n' .. tp .. '\n', 1, true)) then
       book(tp, amount, fcost, mode, u, f[5])  -- its grant has ended: closed on the pool itself
       unreport(f[2], tg, fields, delta)
     end

@@ -29,8 +29,9 @@ local function usd_out(h)
 end
 
 -- Tokens and micro-USD a grant sets aside beyond the call that takes it: GRANT_CALLS calls' worth,
--- but never more than a quarter of what the pool has left, so other goals of the tenant still find
--- room (and, when they do not, take back what grants hold unused: `reclaim`).
+-- but never more than a quarter of what the pool has left (shared among the goals holding grants),
+-- so other goals of the tenant still find room (and, when they do not, take back what grants hold
+-- unused: at most RECLAIM of them per call).
 local GRANT_CALLS = 8
 local RECLAIM = 32
 
@@ -65,7 +66,7 @@ local function decide(slow)
     if not slow and gr and gr[10] ~= '' and t < gr[7] then
       -- The goal's grant: what it holds less the calls in flight under it and their spend since the
       -- last report. Only the tenant's limited units are checked (`units`).
-      tkey, tname, frac = gr[10], gr[11], gr[9] / 1000
+      tkey, tname, frac = gr[10], gr[12], gr[9] / 1000
       local free = gr[1] - (num(g[3]) - gr[3]) - (num(g[2]) - gr[5])
       local free_m = gr[2] - (num(g[8]) - gr[4]) - (num(g[7]) - gr[6])
       local units = gr[8]
@@ -134,10 +135,11 @@ if g[5] and (lim.grant or books[#books].pool ~= nil) then
     -- The books' first grant: what they counted before it is not the grant's to report.
     local fields = {'reserved', 'reserved_micro', 'spent', 'cost_micro_usd'}
     for _, c in ipairs(REPORTED) do fields[#fields + 1] = c end
+    for f in pairs(KIND_OF) do fields[#fields + 1] = f end
     local cur = redis.call('HMGET', KEYS[1], unpack(fields))
-    local args = {'tg', grant_text({0, 0, num(cur[1]), num(cur[2]), num(cur[3]), num(cur[4]), 0, '-', 0, '', ''})}
-    for i, c in ipairs(REPORTED) do
-      if cur[4 + i] then args[#args + 1] = 't0:' .. c; args[#args + 1] = cur[4 + i] end
+    local args = {'tg', grant_text({0, 0, num(cur[1]), num(cur[2]), num(cur[3]), num(cur[4]), 0, '-', 0, '', '', '', '1'})}
+    for i = 5, #fields do
+      if cur[i] then args[#args + 1] = 't0:' .. fields[i]; args[#args + 1] = cur[i] end
     end
     redis.call('HSET', KEYS[1], unpack(args))
     gr = grant_of(args[2])
@@ -147,7 +149,7 @@ if g[5] and (lim.grant or books[#books].pool ~= nil) then
   if out < maxt then
     local reclaimed = false
     for _, other in ipairs(redis.call('SRANDMEMBER', holders, RECLAIM)) do
-      if other ~= KEYS[1] and report(other, false, holders) then reclaimed = true end
+      if other ~= KEYS[1] and report(other, false, holders, true) then reclaimed = true end
     end
     if reclaimed then g, books, tkey, tname, tnew, out, lim, unit, frac, gr = decide(true) end
   end
@@ -172,9 +174,12 @@ local fcost = math.ceil((inp * pin + out * pout) / 1000000)
 local written, goal_extra = {}, nil
 for _, b in ipairs(books) do
   if b.pool then
+    -- With others holding grants too, each takes less: all together hold about a quarter of what
+    -- is left, so a pool near its end books (nearly) every call itself, as without grants.
+    local share = 4 * (redis.call('SCARD', holders) + 1)
     local function extra(h, per_call)
       if not h then return GRANT_CALLS * per_call end
-      return math.max(0, math.min(GRANT_CALLS * per_call, math.floor((h - per_call) / 4)))
+      return math.max(0, math.min(GRANT_CALLS * per_call, math.floor((h - per_call) / share)))
     end
     local xt = extra(b.tb and b.tb - b.ts - b.tr, amount)
     local xm = extra(b.ub and b.ub - b.us - b.ur, fcost)
@@ -191,8 +196,10 @@ for _, b in ipairs(books) do
     written[b.key] = true
     -- The grant now holds, beyond what it held in flight, this call and `xt`/`xm` more. Its
     -- fraction spent is the pool's as of now (the degrade switch reads it until the next grant).
+    -- The grant's model: this call's, unless calls of the model it has are still in flight under it.
+    if gr[1] == 0 and gr[2] == 0 or gr[11] == '' then gr[11] = A[10] end
     gr[1], gr[2] = gr[1] + amount + xt, gr[2] + fcost + xm
-    gr[7], gr[8], gr[10], gr[11] = period_end(b.pool.period, t), b.pool.units == '' and '-' or b.pool.units, tkey, tname
+    gr[7], gr[8], gr[10], gr[12] = period_end(b.pool.period, t), b.pool.units == '' and '-' or b.pool.units, tkey, tname
     local pf = b.ub and b.us / b.ub or 0
     if b.tb and b.tb > 0 then pf = math.max(pf, b.ts / b.tb) end
     gr[9] = math.floor(pf * 1000)
@@ -226,8 +233,9 @@ end
 if tnew then
   redis.call('ZADD', A[12] .. g[5] .. ':periods', string.format('%.6f', t), tname)
 end
--- A call of a tenant's goal is made under its grant: '@' and the pool's key in its record.
-if tkey ~= '-' then tkey = '@' .. tkey end
+-- A call of a tenant's goal is made under its grant: '@' (the grant's model) or '#' (another model),
+-- the grant's number and the pool's key in its record.
+if tkey ~= '-' then tkey = (A[10] == gr[11] and '@' or '#') .. gr[13] .. '|' .. tkey end
 local rec = {A[1], KEYS[1], tostring(amount), tostring(fcost), A[10], tkey}
 for _, b in ipairs(books) do
   if b.key ~= KEYS[1] and not b.pool then rec[#rec + 1] = b.key end
