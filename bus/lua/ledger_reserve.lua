@@ -32,7 +32,7 @@ end
 -- but never more than a quarter of what the pool has left (shared among the goals holding grants),
 -- so other goals of the tenant still find room (and, when they do not, take back what grants hold
 -- unused: at most RECLAIM of them per call).
-local GRANT_CALLS = 8
+local GRANT_CALLS = 16
 local RECLAIM = 32
 
 -- Reads the books this call draws from and decides how many output tokens it gets: returns the
