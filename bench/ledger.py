@@ -5,8 +5,10 @@
 For each number of concurrent clients (coroutines sharing one connection pool), measures reserve +
 settle pairs per second and their p50/p99 latency, then the same pairs on the tenant-pool path (a
 goal of a tenant with a monthly pool limited in tokens and dollars, the goal with a dollar budget
-too: the reserve script reads the tenant's settings and draws from the goal and the period pool in
-both units), then a plain PING under the same concurrency, in the same run. The target is a pair
+too: the goal draws from its grant of the period pool in both units, and every 16 calls or so the
+grant runs short and the reserve reads the tenant's settings, reports to the pool and takes a new
+grant: `bus.ledger`, module doc: grants), then a plain PING under the same concurrency, in the same
+run. The target is a pair
 costing no more than 2.2 PINGs at p50 with one client, and the tenant-pool path at most 10% more
 (issue 32; the report ends with both, met or not): a reserve is one EVALSHA and a settle another.
 The client is the one a worker uses (`bus.connection.connect`: its short commands, the pairs and
