@@ -19,6 +19,7 @@ from arq.connections import ArqRedis
 
 from bus.connection import EmbeddedRedis, connect
 from bus.keys import Keys
+from bus.tenants import Tenants
 from llm.testing.guard import install_network_guard
 from taskloom import logs
 from taskloom.settings import Settings
@@ -120,6 +121,12 @@ def _delete_keys(url: str, prefix: str) -> None:
                 client.delete(*batch)
     finally:
         client.close()
+
+
+@pytest.fixture
+def tenants(redis: ArqRedis, keys: Keys) -> Tenants:
+    """Tenants' settings, periods and slots under the test's prefix."""
+    return Tenants(redis, keys)
 
 
 @pytest.fixture(autouse=True)

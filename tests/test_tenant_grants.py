@@ -4,13 +4,14 @@ the tenant's settings change. The pool's books stay exact whenever they are read
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime
 
 import pytest
 from arq.connections import ArqRedis
 
 from bus.keys import Keys
-from bus.ledger import BudgetExhausted, Ledger
+from bus.ledger import BudgetExhausted, Ledger, Reservation
 from bus.prices import ModelPrice, PriceTable
 from bus.schemas import Goal, GoalRecord, GoalState
 from bus.store import Store
@@ -29,11 +30,6 @@ PRICES = PriceTable(
 @pytest.fixture
 def ledger(redis: ArqRedis, keys: Keys) -> Ledger:
     return Ledger(redis, keys, prices=PRICES, min_reservation=10)
-
-
-@pytest.fixture
-def tenants(redis: ArqRedis, keys: Keys) -> Tenants:
-    return Tenants(redis, keys)
 
 
 async def raw(redis: ArqRedis, key: str) -> dict[str, str]:
@@ -230,14 +226,13 @@ async def test_spend_per_model_stays_exact_through_grants_refills_and_ends(
     """Calls of two models, many in flight at once, settled, forfeited or released in any order, over
     grants that run short, a change of settings that ends them, and two goals: the tenant's books show
     each model's spend by kind exactly, and the pool's totals are the goals' totals."""
-    import random
-
     rng = random.Random(seed)
     await tenants.set("acme", budget_tokens=40_000, budget_usd=1)
     for g in ("a", "b"):
         await ledger.open(g, 10**9, tenant="acme")
-    expected: dict[str, list[int]] = {"m": [0] * 6, "n": [0] * 6}  # input, output, cache_read, cache_write, unknown, cost
-    open_calls: list[tuple[str, object]] = []
+    # per model: input, output, cache_read, cache_write, unknown, cost
+    expected: dict[str, list[int]] = {"m": [0] * 6, "n": [0] * 6}
+    open_calls: list[tuple[str, Reservation]] = []
     for step in range(60):
         if step == 30:
             await tenants.set("acme", budget_tokens=60_000)  # ends every grant, calls in flight included
@@ -249,18 +244,18 @@ async def test_spend_per_model_stays_exact_through_grants_refills_and_ends(
                     input_tokens=rng.randint(0, 50), output_tokens=rng.randint(0, 30),
                     cache_read_tokens=rng.choice((0, 7)), cache_write_tokens=rng.choice((0, 3)),
                 )  # fmt: skip
-                assert await ledger.settle(r, usage, model=model)  # type: ignore[arg-type]
+                assert await ledger.settle(r, usage, model=model)
                 e = expected[model]
                 for i, v in enumerate((usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
                                        usage.cache_write_tokens)):  # fmt: skip
                     e[i] += v
                 e[5] += PRICES.cost(model, usage) or 0
             elif action == "forfeit":
-                assert await ledger.forfeit(r)  # type: ignore[arg-type]
-                expected[model][4] += r.amount  # type: ignore[attr-defined]
-                expected[model][5] += r.cost_micro  # type: ignore[attr-defined]
+                assert await ledger.forfeit(r)
+                expected[model][4] += r.amount
+                expected[model][5] += r.cost_micro
             else:
-                assert await ledger.release(r)  # type: ignore[arg-type]
+                assert await ledger.release(r)
         else:
             model = rng.choice(("m", "n"))
             r = await ledger.reserve(rng.choice(("a", "b")), 60, 40, model=model)

@@ -33,11 +33,6 @@ def ledger(redis: ArqRedis, keys: Keys) -> Ledger:
     return Ledger(redis, keys, prices=PRICES, min_reservation=10)
 
 
-@pytest.fixture
-def tenants(redis: ArqRedis, keys: Keys) -> Tenants:
-    return Tenants(redis, keys)
-
-
 @pytest.mark.parametrize(
     ("period", "at", "label"),
     [
