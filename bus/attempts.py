@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 
 from llm.types import Message, ModelResponse, Usage
 
@@ -29,7 +28,7 @@ from .events import encode
 from .keys import Keys
 from .replies import as_str
 from .schemas import Event, TaskResult
-from .scripts import module_scripts, registered
+from .scripts import Script, module_scripts, registered
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -306,7 +305,7 @@ class AttemptStore:
             raise LeaseLost(self.member, self.epoch)
         return int(out) == 1
 
-    async def _write(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+    async def _write(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         """Run one of the attempt's write scripts. The settles the process holds go first, in the same
         round trip (each script atomic on its own): the executor's model calls then cost the ledger
         one round trip each (the reserve), and the books are exact as soon as a step is stored."""

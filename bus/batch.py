@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 from . import durability
+from .scripts import Script
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class ScriptCall:
     failover must not lose it (`bus.durability`): with a replica policy, `WAIT` follows the calls in
     the same round trip, and `NotReplicated` is raised when too few replicas acknowledged it."""
 
-    script: AsyncScript
+    script: Script
     keys: Sequence[str]
     args: Sequence[str | int | float | bytes]
     guarded: str = ""

@@ -27,7 +27,8 @@ from typing import Any
 import redis.exceptions
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
-from redis.commands.core import AsyncScript
+
+from .scripts import Script
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ async def confirmed(client: Redis, what: str, queue: Callable[[Pipeline], None])
 
 
 async def script_confirmed(
-    client: Redis, what: str, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]
+    client: Redis, what: str, script: Script, keys: Sequence[Any], args: Sequence[Any]
 ) -> Any:
     """Run a registered Lua script as a guarded write: with a policy, EVALSHA and WAIT in one round
     trip (redis-py's own pipelined scripts would first ask SCRIPT EXISTS, a second one)."""

@@ -16,11 +16,10 @@ import time
 from collections.abc import Sequence
 
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 
 from .keys import ROLES, Keys, arq_in_progress
 from .replies import as_str
-from .scripts import lua, registered
+from .scripts import Script, lua, registered
 
 # Dead members are kept this long, so that `taskloom health` can say when a worker was last seen.
 FORGET_AFTER_MS = 3600 * 1000
@@ -33,7 +32,7 @@ class JobClaims:
     """arq's pick-up of a job on one client, in one round trip instead of four (`bus/lua/fleet_claim.lua`)."""
 
     def __init__(self, redis: Redis) -> None:
-        self._script: AsyncScript = registered(redis, _CLAIM)
+        self._script: Script = registered(redis, _CLAIM)
 
     async def claim(self, queue: str, job_id: str, now: int, lease_ms: int) -> int | None:
         """Mark the queued job `job_id` in progress for `lease_ms` and return its score (ms), unless

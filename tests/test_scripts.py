@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import tomllib
+import uuid
 from pathlib import Path
 
 import pytest
+from arq.connections import ArqRedis
 
-from bus.scripts import LUA_DIR, lua
+from bus.scripts import LUA_DIR, lua, registered
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,3 +33,15 @@ def test_a_script_is_its_library_then_its_own_text() -> None:
 def test_an_unknown_script_is_an_error_naming_it() -> None:
     with pytest.raises(FileNotFoundError, match=r"no_such_script\.lua"):
         lua("no_such_script")
+
+
+async def test_a_script_the_server_does_not_know_is_loaded_and_run(redis: ArqRedis) -> None:
+    """`registered` scripts run by SHA-1; one the server has never seen (a new or flushed server) is
+    loaded on its NOSCRIPT answer and run, once per client and text."""
+    token = uuid.uuid4().hex
+    script = registered(redis, f"return {{'{token}', KEYS[1], ARGV[1]}}")
+    assert script is registered(redis, script.script)
+    assert (await redis.script_exists(script.sha)) == [False]
+    assert await script(keys=["k"], args=[7]) == [token.encode(), b"k", b"7"]
+    assert (await redis.script_exists(script.sha)) == [True]
+    assert await script(keys=["j"], args=["x"]) == [token.encode(), b"j", b"x"]
