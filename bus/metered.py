@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast
 
 import structlog
 from opentelemetry.trace import Span
@@ -66,7 +66,6 @@ def error_kind(exc: BaseException) -> str:
     return next((kind for cls, kind in kinds if isinstance(exc, cls)), "other")
 
 
-@runtime_checkable
 class LiveSink(TextSink, Protocol):
     """A text sink that delivers elsewhere (`bus.live.LiveCall`): told when its text so far is void
     (a failover's next model writes the reply anew), and flushed when the reply is complete, before
@@ -75,6 +74,15 @@ class LiveSink(TextSink, Protocol):
     def restart(self) -> None: ...
 
     async def flush(self) -> None: ...
+
+
+def live_sink(on_text: TextSink | None) -> LiveSink | None:
+    """`on_text` if it is a `LiveSink` (it has `restart` and `flush`), else None. Checked by its
+    attributes: an isinstance against a runtime-checkable protocol took ~14 µs of CPU on Python 3.11,
+    at every model call."""
+    if on_text is not None and hasattr(on_text, "restart") and hasattr(on_text, "flush"):
+        return cast(LiveSink, on_text)
+    return None
 
 
 @dataclass(frozen=True)
@@ -207,8 +215,9 @@ class MeteredModel:
             model = chain[i]
             if kind == "probe" and not await self.breaker.claim_probe(model.model):
                 continue
-            if failure is not None and isinstance(on_text, LiveSink):
-                on_text.restart()  # the failed model may have streamed part of its reply
+            live = live_sink(on_text)
+            if failure is not None and live is not None:
+                live.restart()  # the failed model may have streamed part of its reply
             try:
                 response = await self._complete(model, labels[i], request, span, first=i == 0, on_text=on_text)
             except ModelError as exc:
@@ -313,8 +322,9 @@ class MeteredModel:
             failure = exc
             raise
         finally:
-            if isinstance(on_text, LiveSink):
-                await on_text.flush()
+            live = live_sink(on_text)
+            if live is not None:
+                await live.flush()
             self._observe(inner, response, failure, time.perf_counter() - started)
             # Shielded: a second cancellation must not stop the write (the reservation would still
             # be forfeited when it expires, but its tokens would be held until then).

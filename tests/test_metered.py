@@ -18,7 +18,7 @@ from arq.connections import ArqRedis
 
 from bus.keys import Keys
 from bus.ledger import BudgetExhausted, Ledger
-from bus.metered import MeteredModel, ModelFactory, nothing_billed
+from bus.metered import MeteredModel, ModelFactory, live_sink, nothing_billed
 from bus.runtime import ModelSource
 from llm.anthropic import AnthropicModel
 from llm.errors import (
@@ -276,3 +276,20 @@ def test_the_factory_hands_out_only_metered_models(ledger: Ledger) -> None:
             assert returns is MeteredModel, f"ModelFactory.{name} returns {returns}"
     with pytest.raises(TypeError):
         ModelFactory(model, ledger)
+
+
+def test_a_live_sink_is_told_from_a_plain_text_sink_by_its_methods() -> None:
+    """A sink with `restart` and `flush` (`bus.live.LiveCall`) is restarted on failover and flushed at
+    the call's end; a plain callable or no sink is neither."""
+
+    class Live:
+        def __call__(self, text: str) -> None: ...
+
+        def restart(self) -> None: ...
+
+        async def flush(self) -> None: ...
+
+    live = Live()
+    assert live_sink(live) is live
+    assert live_sink(lambda text: None) is None
+    assert live_sink(None) is None
