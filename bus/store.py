@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import structlog
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from llm.types import ModelResponse
 
@@ -55,6 +56,8 @@ from .schemas import (
 from .scripts import module_scripts, registered
 from .store_errors import AlreadyExists, CorruptRecord, IllegalTransition, NotFound, StaleWrite, StoreError, corrupt
 from .store_records import csv, goal_from_hash, plan_from_json, result_from_json, task_from_hash, transition_outcome
+
+log = structlog.get_logger("taskloom.store")
 
 # The scripts (bus/lua/): each file's header says its KEYS, ARGV and reply.
 _TRANSITION, _CREATE_GOAL, _SAVE_PLAN, _CANCEL, _RESUME, _CLAIM_STALE = module_scripts(
@@ -380,9 +383,13 @@ class Store:
     async def _ended(self, goal_id: str) -> None:
         # An ended goal gives back what its grant of the tenant's pool holds (bus.ledger, module doc:
         # grants), so a tenant's grants are those of its goals that run. Not in the move's script: a
-        # crash between the two leaves the grant to the next report (a read of the tenant, a goal
-        # short of room, retention), which gives it back the same way.
-        await end_grant(self.redis, self.keys, goal_id)
+        # crash between the two, or a failure here, leaves the grant to the next report (a read of the
+        # tenant, a goal short of room, retention), which gives it back the same way; so a failure is
+        # logged, not raised into a move that is done.
+        try:
+            await end_grant(self.redis, self.keys, goal_id)
+        except (RedisError, OSError) as exc:
+            log.warning("ledger.end_grant_failed", goal_id=goal_id, error=repr(exc))
 
     # -- plans --------------------------------------------------------------------------------
     async def save_plan(

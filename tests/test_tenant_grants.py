@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 from arq.connections import ArqRedis
+from structlog.testing import capture_logs
 
 from bus.keys import Keys
 from bus.ledger import BudgetExhausted, Ledger, Reservation
@@ -217,6 +218,32 @@ async def test_a_goal_that_ends_gives_back_its_grant(
     figures = tuple(int(books.get(f, 0)) for f in ("reserved", "reserved_micro", "spent", "calls", "open"))
     assert figures == (0, 0, 140, 1, 0)
     assert await redis.smembers(keys.tenant_grants("acme")) == set()
+
+
+async def test_a_goal_whose_grant_cannot_be_given_back_still_ends_and_says_so(
+    ledger: Ledger, tenants: Tenants, redis: ArqRedis, keys: Keys
+) -> None:
+    """Giving the grant back follows the goal's move: a Redis error there is logged, not raised into a
+    move that is done, and the grant is reported by the next report instead."""
+    store = Store(redis, keys)
+    await tenants.set("acme", budget_tokens=1_000_000)
+    assert await store.create_goal(GoalRecord(id="g", goal=Goal(text="x", tenant="acme"), budget_tokens=10_000))
+    await ledger.open("g", 10_000, tenant="acme")
+    r = await ledger.reserve("g", 100, 100, model="m")
+    await ledger.settle(r, Usage(input_tokens=100, output_tokens=40), model="m")
+    pool = keys.pool("tenant:acme:all")
+    books = await redis.hgetall(pool)
+    await redis.delete(pool)
+    await redis.set(pool, "not a hash")  # the pool's HINCRBY now fails with WRONGTYPE
+    with capture_logs() as logs:
+        assert await store.cancel_goal("g")
+    assert (await store.get_goal("g")).state == GoalState.CANCELLED
+    failed = [e for e in logs if e["event"] == "ledger.end_grant_failed"]
+    assert len(failed) == 1 and failed[0]["goal_id"] == "g" and "WRONGTYPE" in failed[0]["error"]
+    await redis.delete(pool)
+    await redis.hset(pool, mapping=books)
+    spent = (await tenants.show("acme")).periods[0].books
+    assert (spent.spent, spent.reserved, spent.calls) == (140, 0, 1)
 
 
 @pytest.mark.parametrize("seed", range(8))
