@@ -197,18 +197,24 @@ async def test_an_older_workers_call_is_booked_on_the_pool_once(
     assert (books.spent, books.reserved, books.open, books.calls) == (snap.spent, 0, 0, 3) == (420, 0, 0, 3)
 
 
-@pytest.mark.parametrize("end", ["succeeded", "cancelled"])
-async def test_a_goal_that_ends_gives_back_its_grant(
-    ledger: Ledger, tenants: Tenants, redis: ArqRedis, keys: Keys, end: str
-) -> None:
-    """The store ends a goal's grant when the goal ends (succeeded, failed, cancelled...): the pool's
-    raw books then hold nothing for it and count its spend, without a read of the tenant."""
+async def goal_with_a_grant(ledger: Ledger, tenants: Tenants, redis: ArqRedis, keys: Keys) -> Store:
+    """Goal `g` of tenant `acme`, just created, with one call settled under its grant (140 tokens)."""
     store = Store(redis, keys)
     await tenants.set("acme", budget_tokens=1_000_000)
     assert await store.create_goal(GoalRecord(id="g", goal=Goal(text="x", tenant="acme"), budget_tokens=10_000))
     await ledger.open("g", 10_000, tenant="acme")
     r = await ledger.reserve("g", 100, 100, model="m")
     await ledger.settle(r, Usage(input_tokens=100, output_tokens=40), model="m")
+    return store
+
+
+@pytest.mark.parametrize("end", ["succeeded", "cancelled"])
+async def test_a_goal_that_ends_gives_back_its_grant(
+    ledger: Ledger, tenants: Tenants, redis: ArqRedis, keys: Keys, end: str
+) -> None:
+    """The store ends a goal's grant when the goal ends (succeeded, failed, cancelled...): the pool's
+    raw books then hold nothing for it and count its spend, without a read of the tenant."""
+    store = await goal_with_a_grant(ledger, tenants, redis, keys)
     if end == "cancelled":
         assert await store.cancel_goal("g")
     else:
@@ -225,12 +231,7 @@ async def test_a_goal_whose_grant_cannot_be_given_back_still_ends_and_says_so(
 ) -> None:
     """Giving the grant back follows the goal's move: a Redis error there is logged, not raised into a
     move that is done, and the grant is reported by the next report instead."""
-    store = Store(redis, keys)
-    await tenants.set("acme", budget_tokens=1_000_000)
-    assert await store.create_goal(GoalRecord(id="g", goal=Goal(text="x", tenant="acme"), budget_tokens=10_000))
-    await ledger.open("g", 10_000, tenant="acme")
-    r = await ledger.reserve("g", 100, 100, model="m")
-    await ledger.settle(r, Usage(input_tokens=100, output_tokens=40), model="m")
+    store = await goal_with_a_grant(ledger, tenants, redis, keys)
     pool = keys.pool("tenant:acme:all")
     books = await redis.hgetall(pool)
     await redis.delete(pool)
