@@ -42,21 +42,22 @@ spent, never as free.
 Grants (a tenant's goals): booking the tenant's period pool on every call took about as much of
 Redis's time as the goal's own books. A goal instead takes a grant from the pool on its first call
 (the reserve's slow path: the tenant's settings and the pool read, the pool's `reserved` raised by
-the call and by up to 16 more like it (`GRANT_CALLS` in `bus/lua/ledger_reserve.lua`), all grants
-together at most about a quarter of what the pool has left), and its later calls reserve and settle
-against the grant in the goal's books alone (the fast path: one field more read; a call of another
-model than the grant's keeps its spend per model apart, `tm:<model>:<kind>`, until reported). The
-grant's record is the goal's field `tg` (`bus/lua/ledger_lib.lua` says its lines). The goal
-*reports* its grant to the pool (its counters' growth, spend, spend per model; what it holds beyond
-its calls in flight goes back) when the grant cannot carry a call, when its period ends, when
-another goal of the tenant finds the pool short (`reclaim`: no call refuses or clamps for tokens a
-grant holds unused), when the tenant is read or reset, when its settings change (`Tenants.set`: the
-grants end, so new limits bind the next call), and before retention deletes the goal's books
-(`end_grant`). The pool always holds every grant in full: never a token over any budget. A call in
-flight when its grant ended (period over, settings changed) is closed on its own pool when it
-settles, as a call of an older worker is. Workers of an older version serving the same tenant's goal
-at once (a rolling upgrade) can make the pool count a few calls twice or hold a call's tokens until
-the period ends: never too few (a few calls' spend per model may be missing).
+the call and by up to 16 more like it (`GRANT_CALLS` in `bus/lua/ledger_reserve.lua`), each grant at
+most a quarter of what the pool has left shared among the goals holding grants), and its later calls
+reserve and settle against the grant in the goal's books alone (the fast path: one field more read;
+a call of another model than the grant's keeps its spend per model apart, `tm:<model>:<kind>`, until
+reported). The grant's record is the goal's field `tg` (`bus/lua/ledger_lib.lua` says its lines).
+The goal *reports* its grant to the pool (its counters' growth, spend, spend per model; what it
+holds beyond its calls in flight goes back) when the grant cannot carry a call, when its period
+ends, when another goal of the tenant finds the pool short (`reclaim`, of up to `RECLAIM` (32) other
+grants picked at random: with at most 32 holders no call refuses or clamps for tokens a grant holds
+unused), when the tenant is read or reset, when its settings change (`Tenants.set`: the grants end,
+so new limits bind the next call), and before retention deletes the goal's books (`end_grant`). The
+pool always holds every grant in full: never a token over any budget. A call in flight when its
+grant ended (period over, settings changed) is closed on its own pool when it settles, as a call of
+an older worker is. Workers of an older version serving the same tenant's goal at once (a rolling
+upgrade) can make the pool count a few calls twice or hold a call's tokens until the period ends:
+never too few (a few calls' spend per model may be missing).
 
 Budgets count tokens of every kind alike (a cache read is a token against the budget). Input
 estimates (`llm.estimate`) are conservative: they err high. When usage still exceeds the

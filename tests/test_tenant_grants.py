@@ -110,6 +110,21 @@ async def test_a_goal_short_of_room_takes_back_what_other_grants_hold_unused(
         await ledger.reserve("a", 0, 10, model="m")
 
 
+async def test_a_short_goal_takes_back_the_unused_grants_of_32_other_goals(ledger: Ledger, tenants: Tenants) -> None:
+    """Up to 32 holders (`RECLAIM`), every grant's unused part comes back to a goal that is short: its
+    call gets every token the pool has not spent."""
+    await tenants.set("acme", budget_tokens=100_000)
+    for i in range(32):
+        await ledger.open(f"g{i}", 100_000, tenant="acme")
+        r = await ledger.reserve(f"g{i}", 0, 100, model="m")
+        await ledger.settle(r, Usage(input_tokens=40, output_tokens=60), model="m")
+    await ledger.open("x", 100_000, tenant="acme")
+    r = await ledger.reserve("x", 0, 100_000 - 32 * 100, model="m")
+    assert r.max_tokens == 100_000 - 32 * 100
+    books = (await tenants.show("acme")).periods[0].books
+    assert (books.spent, books.reserved) == (3_200, 96_800)
+
+
 async def test_a_grant_ended_by_new_settings_closes_its_calls_in_flight_on_its_own_pool(
     ledger: Ledger, tenants: Tenants, redis: ArqRedis, keys: Keys
 ) -> None:

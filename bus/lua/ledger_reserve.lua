@@ -174,8 +174,8 @@ local fcost = math.ceil((inp * pin + out * pout) / 1000000)
 local written, goal_extra = {}, nil
 for _, b in ipairs(books) do
   if b.pool then
-    -- With others holding grants too, each takes less: all together hold about a quarter of what
-    -- is left, so a pool near its end books (nearly) every call itself, as without grants.
+    -- With others holding grants too, each takes less (a quarter of what is left, shared among the
+    -- holders), so a pool near its end books (nearly) every call itself, as without grants.
     local share = 4 * (redis.call('SCARD', holders) + 1)
     local function extra(h, per_call)
       if not h then return GRANT_CALLS * per_call end
