@@ -137,6 +137,36 @@ def test_speedup_reports_each_target_met_or_not_from_the_run() -> None:
     assert table["width 8: tokens <= the single loop's"] == ["met", "**not met** |"]
 
 
+def test_ledger_reports_the_pair_against_its_targets_and_its_cost_above_a_ping() -> None:
+    """bench.ledger's target table, from the rows of the run: the held pair against 2.2 PINGs and the
+    tenant path's extra, and what the pair costs above a PING (the part a faster loopback keeps)."""
+    from bench.ledger import Stats, targets
+
+    def s(p50_ms: float, server_us: float) -> Stats:
+        return Stats(1000.0, p50_ms, 2 * p50_ms, server_us)
+
+    r = {
+        "ping": s(0.021, 0.0),
+        "ping_pool": s(0.026, 0.0),
+        "at once|goal only": s(0.080, 30.0),
+        "at once|goal + tenant pool, tokens + USD": s(0.084, 36.0),
+        "held|goal only": s(0.058, 27.5),
+        "held|goal + tenant pool, tokens + USD": s(0.066, 35.0),
+    }
+
+    def table() -> dict[str, list[str]]:
+        return {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in targets([(1, r)])}
+
+    rows = table()
+    assert rows["pair p50 <= 2.2x PING p50, 1 client, settle held"][:2] == ["2.76x", "**not met** (1.26x the target) |"]
+    assert rows["tenant pool + USD pair p50 <= goal-only + 10%, 1 client, settle held"][:2] == ["+14%", "**not met** |"]
+    above = rows["the pair's cost above a PING, 1 client, settle held: p50"]
+    assert above[0] == "+37 µs" and above[1].startswith("of which in Redis 27.5 µs")
+    r["held|goal only"] = s(0.046, 20.0)
+    rows = table()
+    assert rows["pair p50 <= 2.2x PING p50, 1 client, settle held"][:2] == ["2.19x", "met |"]
+
+
 def test_throughput_reports_each_target_met_or_not_from_the_run() -> None:
     """bench.throughput's target table: jobs/s against raw arq's, commands and CPU per job, per row."""
     from bench.throughput import Result, targets
