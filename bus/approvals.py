@@ -159,14 +159,18 @@ class ApprovalBook:
     ) -> bool:
         """Record that a call awaits approval, put it in the inbox and emit `event`. False if already there."""
         # json.dumps(default=str): a tool input the model sent is plain JSON already.
+        now = time.time()
         request = ApprovalRequest(
-            task_id=task_id, attempt=attempt, tool=tool, input=arguments, at=time.time(), earlier=list(earlier)
+            task_id=task_id, attempt=attempt, tool=tool, input=arguments, at=now, earlier=list(earlier)
         )
         body = json.dumps(request.model_dump(mode="json"), default=str)
-        now_ms = int(time.time() * 1000)
+        # The inbox's score, in milliseconds, keeps the clock's sub-millisecond part (a double holds
+        # it to 0.3 µs): whole milliseconds made two requests a few µs apart tie, and a tie is
+        # ordered by the member (a random goal id), so "oldest first" was a coin toss.
+        score = repr(now * 1000)
         out = await self._request(
             keys=self._keys(goal_id),
-            args=[call_id, body, member(goal_id, call_id), now_ms, ev.encode(event), self.maxlen],
+            args=[call_id, body, member(goal_id, call_id), score, ev.encode(event), self.maxlen],
         )
         return bool(out)
 

@@ -48,3 +48,21 @@ async def test_a_request_keeps_the_earlier_calls_it_was_given_and_the_inbox_show
     assert (await book.requests("g1"))["c1"].earlier == earlier
     [pending] = await book.pending(goal_id="g1")
     assert pending.earlier == earlier
+
+
+async def test_the_inbox_lists_requests_oldest_first_even_within_one_millisecond(redis: ArqRedis, keys: Keys) -> None:
+    """Requests made microseconds apart keep their order: the later one's goal id sorts first, so a
+    tie in the inbox's score (whole milliseconds, before) would put it first most of the time."""
+    book = ApprovalBook(redis, keys)
+    for n in range(20):
+        first, second = f"z{n}", f"a{n}"
+        for gid in (first, second):
+            await redis.hset(keys.goal(gid), mapping={"state": "running"})
+        for gid in (first, second):
+            event = Event(type="tool.approval_requested", goal_id=gid, task_id="t1", data={"call_id": "c1"})
+            assert await book.request(gid, "c1", "t1", 1, "refund", {}, event)
+        pending = await book.pending()
+        assert [p.goal_id for p in pending] == [first, second], f"pair {n}"
+        assert pending[0].requested_at < pending[1].requested_at
+        for gid in (first, second):
+            await book.decide(gid, "c1", ApprovalDecision(approved=True), event)
