@@ -59,6 +59,22 @@ USAGE = Usage(input_tokens=400, output_tokens=700, cache_read_tokens=50)
 
 MODEL = "claude-sonnet-4-6"
 
+# The least one script can do for a held pair: read and write a goal's books (a 10-field HMGET and
+# HSET: the settle's counters, the reserve's `reserved` and `open`) and move the reservation in the
+# expiry set (ZREM the settled one, ZADD the new one), then answer. No decision, no grant, no pool:
+# what any one-round-trip design pays on this machine for its EVALSHA and its commands. The pair
+# above it is what the ledger's own logic costs (its Lua and its client), a ratio that moves far
+# less with the loopback than a ratio to a PING does.
+FLOOR_SCRIPT = """
+local g = redis.call('HMGET', KEYS[1], 'budget', 'spent', 'reserved', 'open', 'calls', 'spent_input',
+                     'spent_output', 'spent_cache_read', 'cost_micro_usd', 'reserved_micro')
+redis.call('HSET', KEYS[1], 'spent', 1, 'reserved', 2, 'open', 3, 'calls', 4, 'spent_input', 5,
+           'spent_output', 6, 'spent_cache_read', 7, 'cost_micro_usd', 8, 'reserved_micro', 9, 'served', 10)
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+return {'ok', ARGV[2], ARGV[1]}
+"""
+
 
 # Pairs and PINGs alternate in short blocks of about BLOCK operations each, so that every path sees
 # the same background load. This machine class drifts: its speed moves by up to 2x for seconds at
@@ -180,10 +196,17 @@ async def run(url: str, ops: int, levels: list[int]) -> str:
         async def ping() -> None:
             await redis.ping()
 
+        floor_sha = await redis.script_load(FLOOR_SCRIPT)
+        floor_keys = (keys.ledger("bench-floor"), f"{keys.prefix}bench-floor-expiry")
+        member = "\n".join([uuid.uuid4().hex, floor_keys[0], "1500", "0", MODEL, "-"])
+
+        async def floor() -> None:
+            await redis.evalsha(floor_sha, 2, *floor_keys, member, f"{time.time() + 600:.6f}")
+
         async def ping_pool() -> None:
             await pooled.ping()
 
-        named: dict[str, Callable[[], Awaitable[object]]] = {"ping": ping, "ping_pool": ping_pool}
+        named: dict[str, Callable[[], Awaitable[object]]] = {"ping": ping, "ping_pool": ping_pool, "floor": floor}
         for settle, hold in (("at once", False), ("held", True)):
             for path, goal in PATHS:
                 named[f"{settle}|{path}"] = pair(goal, hold)
@@ -214,7 +237,7 @@ def report(rows: list[tuple[int, dict[str, Stats]]], where: str, version: str, o
     for clients, r in rows:
         p = r["ping"]
         for name, x in r.items():
-            if name in ("ping", "ping_pool"):
+            if name in ("ping", "ping_pool", "floor"):
                 continue
             settle, path = name.split("|")
             lines.append(
@@ -259,6 +282,14 @@ def targets(rows: list[tuple[int, dict[str, Stats]]]) -> list[str]:
                     f"| the pair's cost above a PING, 1 client, settle {settle}: p50 | {above:+.0f} µs | of which "
                     f"in Redis {goal.server_us - r['ping'].server_us:.1f} µs (its script), the rest the client's "
                     "CPU: the part a faster loopback does not shrink |"
+                )
+                floor = r["floor"]
+                lines.append(
+                    f"| the least one script can cost for a pair here (`FLOOR_SCRIPT`: one EVALSHA, a 10-field "
+                    f"HMGET + HSET, a ZREM + ZADD), 1 client: p50 | {floor.p50_ms * 1000:.0f} µs, "
+                    f"{floor.p50_ms / r['ping'].p50_ms:.2f}x PING | the held pair is "
+                    f"{goal.p50_ms / floor.p50_ms:.2f}x it: {(goal.p50_ms - floor.p50_ms) * 1000:+.0f} µs of "
+                    f"the ledger's own logic, {goal.server_us - floor.server_us:+.1f} µs of it in Redis |"
                 )
             lines.append(
                 f"| tenant pool + USD pair p50 <= goal-only + {TENANT_EXTRA:.0%}, 1 client, settle {settle} | "

@@ -137,7 +137,7 @@ def test_speedup_reports_each_target_met_or_not_from_the_run() -> None:
     assert table["width 8: tokens <= the single loop's"] == ["met", "**not met** |"]
 
 
-def test_ledger_reports_the_pair_against_its_targets_and_its_cost_above_a_ping() -> None:
+def test_ledger_reports_the_pair_against_its_targets_its_cost_above_a_ping_and_its_floor() -> None:
     """bench.ledger's target table, from the rows of the run: the held pair against 2.2 PINGs and the
     tenant path's extra, and what the pair costs above a PING (the part a faster loopback keeps)."""
     from bench.ledger import Stats, targets
@@ -148,6 +148,7 @@ def test_ledger_reports_the_pair_against_its_targets_and_its_cost_above_a_ping()
     r = {
         "ping": s(0.021, 0.0),
         "ping_pool": s(0.026, 0.0),
+        "floor": s(0.032, 9.0),
         "at once|goal only": s(0.080, 30.0),
         "at once|goal + tenant pool, tokens + USD": s(0.084, 36.0),
         "held|goal only": s(0.058, 27.5),
@@ -162,6 +163,9 @@ def test_ledger_reports_the_pair_against_its_targets_and_its_cost_above_a_ping()
     assert rows["tenant pool + USD pair p50 <= goal-only + 10%, 1 client, settle held"][:2] == ["+14%", "**not met** |"]
     above = rows["the pair's cost above a PING, 1 client, settle held: p50"]
     assert above[0] == "+37 µs" and above[1].startswith("of which in Redis 27.5 µs")
+    floor = next(v for k, v in rows.items() if k.startswith("the least one script can cost for a pair here"))
+    assert floor[0] == "32 µs, 1.52x PING"
+    assert floor[1].startswith("the held pair is 1.81x it: +26 µs of the ledger's own logic, +18.5 µs of it in Redis")
     r["held|goal only"] = s(0.046, 20.0)
     rows = table()
     assert rows["pair p50 <= 2.2x PING p50, 1 client, settle held"][:2] == ["2.19x", "met |"]
