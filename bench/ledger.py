@@ -16,6 +16,8 @@ the PINGs alike, on one shared connection, `bus.mux`); a PING through redis-py's
 per command, is measured beside it for comparison with the runs before the shared connection.
 Each row also gives Redis's own time per pair and per PING (`INFO commandstats`, the scripts'
 commands included), so the part of a pair spent in Redis stands beside the part spent in the client.
+Beside them runs the least one script can do for a pair (`FLOOR_SCRIPT`: its four commands, no
+decision), the floor of any one-round-trip design on the machine; the held pair is reported against it too.
 Everything is written under a unique key prefix and deleted afterwards.
 
 Two ways to settle are measured. "at once": the settle is its own script, as every planner and
@@ -276,7 +278,8 @@ def targets(rows: list[tuple[int, dict[str, Stats]]]) -> list[str]:
                 )
                 # The ratio moves with the loopback: the same code measured 1.8-2.0x a PING of 78-99 µs and
                 # 2.7-2.8x one of 21 µs (bench/RESULTS.md, 2026-12-05). What the pair costs above a PING
-                # is the part that is taskloom's: its script's time in Redis and its client's CPU.
+                # is the part that is taskloom's, its script's time in Redis and its client's CPU; it moves
+                # with the CPU's speed instead (37 µs on the AMD EPYC, 87-140 on a slower Intel Xeon).
                 above = (goal.p50_ms - r["ping"].p50_ms) * 1000
                 lines.append(
                     f"| the pair's cost above a PING, 1 client, settle {settle}: p50 | {above:+.0f} µs | of which "
