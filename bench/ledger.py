@@ -65,17 +65,9 @@ MODEL = "claude-sonnet-4-6"
 # HSET: the settle's counters, the reserve's `reserved` and `open`) and move the reservation in the
 # expiry set (ZREM the settled one, ZADD the new one), then answer. No decision, no grant, no pool:
 # what any one-round-trip design pays on this machine for its EVALSHA and its commands. The pair
-# above it is what the ledger's own logic costs (its Lua and its client), a ratio that moves far
-# less with the loopback than a ratio to a PING does.
-FLOOR_SCRIPT = """
-local g = redis.call('HMGET', KEYS[1], 'budget', 'spent', 'reserved', 'open', 'calls', 'spent_input',
-                     'spent_output', 'spent_cache_read', 'cost_micro_usd', 'reserved_micro')
-redis.call('HSET', KEYS[1], 'spent', 1, 'reserved', 2, 'open', 3, 'calls', 4, 'spent_input', 5,
-           'spent_output', 6, 'spent_cache_read', 7, 'cost_micro_usd', 8, 'reserved_micro', 9, 'served', 10)
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-return {'ok', ARGV[2], ARGV[1]}
-"""
+# above it is what the ledger's own logic costs (its Lua and its client). Kept in a file of its own:
+# Lua lives in .lua files.
+FLOOR_SCRIPT = (Path(__file__).parent / "ledger_floor.lua").read_text()
 
 
 # Pairs and PINGs alternate in short blocks of about BLOCK operations each, so that every path sees

@@ -179,7 +179,11 @@ RULES = {
         "holds or runs a Lua script",
         holds_lua_source,
         PACKAGES_AND_BENCH,
-        {**BUS, "bench/coalesce.py": "a one-line script as the measured command, the shape of a ledger call"},
+        {
+            **BUS,
+            "bench/coalesce.py": "a one-line script as the measured command, the shape of a ledger call",
+            "bench/ledger.py": "runs the least script a ledger pair needs (bench/ledger_floor.lua): the pair's floor",
+        },
     ),
     "lua_in_strings": Rule("holds Lua in a Python string", lua_in_strings, PACKAGES_AND_BENCH),
     "fakeredis_scripts": Rule(
