@@ -139,7 +139,8 @@ def test_speedup_reports_each_target_met_or_not_from_the_run() -> None:
 
 def test_ledger_reports_the_pair_against_its_targets_its_cost_above_a_ping_and_its_floor() -> None:
     """bench.ledger's target table, from the rows of the run: the held pair against 2.2 PINGs and the
-    tenant path's extra, and what the pair costs above a PING (the part a faster loopback keeps)."""
+    tenant path's extra, what the pair costs above a PING (the part a faster loopback keeps), and the
+    pair against the least one script can cost for it (`FLOOR_SCRIPT`)."""
     from bench.ledger import Stats, targets
 
     def s(p50_ms: float, server_us: float) -> Stats:
