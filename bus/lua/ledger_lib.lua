@@ -140,8 +140,11 @@ end
 -- The goal's counters a grant reports to the pool as they grow (`t0:<field>`: the value reported).
 local REPORTED = {'open', 'calls', 'releases', 'unpriced', 'overrun', 'spent_unknown', 'usage_unknown',
                   'forfeits', 'expired'}
-local IS_REPORTED = {}
-for _, c in ipairs(REPORTED) do IS_REPORTED[c] = true end
+-- A literal, not a loop over REPORTED: every script of the ledger runs this file's definitions on
+-- every call, and nine inserts into an empty table (each growing it) cost more than the rest of
+-- the definitions together (about 5 µs of Redis's time per call on a 2-core Intel Xeon).
+local IS_REPORTED = {open = true, calls = true, releases = true, unpriced = true, overrun = true,
+                     spent_unknown = true, usage_unknown = true, forfeits = true, expired = true}
 local BASE = {reserved = 3, reserved_micro = 4, spent = 5, cost_micro_usd = 6}
 -- The goal's totals by kind, whose growth (`t0:<field>`: as reported) is the grant's model's spend.
 local KIND_OF = {spent_input = 'input', spent_output = 'output', spent_cache_read = 'cache_read',
