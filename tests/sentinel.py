@@ -37,9 +37,18 @@ def redis_server_binary() -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports. Their sockets are all held open until every port is picked: a port
+    asked for and closed one at a time can be handed out again at once (CI once gave two Sentinels
+    of one cluster the same port, and the second failed to bind)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 class SentinelCluster:
@@ -49,8 +58,9 @@ class SentinelCluster:
         self.root = Path(root)
         self.binary = redis_server_binary()
         self.down_after_ms = down_after_ms
-        self.data_ports = [free_port() for _ in range(1 + replicas)]
-        self.sentinel_ports = [free_port() for _ in range(sentinels)]
+        ports = free_ports(1 + replicas + sentinels)
+        self.data_ports = ports[: 1 + replicas]
+        self.sentinel_ports = ports[1 + replicas :]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     # -- addresses --------------------------------------------------------------------------------
