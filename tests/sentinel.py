@@ -36,10 +36,6 @@ def redis_server_binary() -> str:
     raise RuntimeError("no redis-server binary: set REDIS_SERVER_BINARY")
 
 
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
 def free_ports(n: int) -> list[int]:
     """`n` distinct free ports. Their sockets are all held open until every port is picked: a port
     asked for and closed one at a time can be handed out again at once (CI once gave two Sentinels
