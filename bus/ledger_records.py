@@ -110,24 +110,25 @@ class PoolRef:
             raise ValueError(f"pool {self.name!r}: budget_tokens must be positive, got {self.budget_tokens}")
 
 
-class Reservation(BaseModel):
-    """Tokens set aside for one model call; settle, release or forfeit it exactly once (repeats are no-ops)."""
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Tokens set aside for one model call; settle, release or forfeit it exactly once (repeats are no-ops).
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Made only from the reserve script's reply (`reservation_from_reply`, which checks its numbers): a
+    plain record, not a pydantic model, because every model call makes one and its validation was a
+    fifth of the client's work in a held reserve+settle (bench/RESULTS.md)."""
 
     id: str
     goal_id: str
-    input_tokens: int = Field(ge=0, description="the input estimate reserved")
-    max_tokens: int = Field(gt=0, description="output tokens reserved: the call's max_tokens, clamped")
-    amount: int = Field(gt=0, description="input_tokens + max_tokens")
-    expires_at: float = Field(description="Redis time (epoch seconds) after which it is forfeited")
+    input_tokens: int  # the input estimate reserved (>= 0)
+    max_tokens: int  # output tokens reserved: the call's max_tokens, clamped (> 0)
+    amount: int  # input_tokens + max_tokens
+    expires_at: float  # Redis time (epoch seconds) after which it is forfeited
     pools: tuple[str, ...] = ()
     model: str | None = None
-    cost_micro: int = Field(default=0, ge=0, description="worst-case micro-USD held (dearest rates)")
-    tenant_pool: str | None = Field(default=None, description="the tenant's period pool it draws from")
-    spent_fraction: float = Field(
-        default=0.0, ge=0, description="the highest spent/budget among the books it draws from, before this call"
-    )
+    cost_micro: int = 0  # worst-case micro-USD held (dearest rates), >= 0
+    tenant_pool: str | None = None  # the tenant's period pool it draws from
+    spent_fraction: float = 0.0  # the highest spent/budget among the books it draws from, before this call
     # Its entry in the expiry set (id, then the record of the books it holds, one a line): closing it
     # removes this entry, so the close script reads no record. "" for one whose record is in the open
     # hash (closed by `id`).
@@ -243,19 +244,30 @@ def reservation_from_reply(
         pool, unit = as_str(out[1]), as_str(out[2])
         budget, spent, reserved, requested = (int(float(as_str(v))) for v in out[3:7])
         raise BudgetExhausted(goal_id, budget, spent, reserved, requested, pool or None, unit)
-    # Validated, though the script wrote it: pydantic's model_construct measured slower (4.6 against
-    # 3.1 µs), and the numbers are parsed straight from the reply's bytes.
+    # Checked here, though the script wrote it: the numbers are parsed straight from the reply's
+    # items (hiredis gives integers as ints), and a reply that breaks the reservation's rules is an
+    # error naming the item, not a record that misleads the settle.
+    max_tokens, amount, cost_micro, permille = out[1], out[2], out[5], out[7]
+    if type(max_tokens) is not int:
+        max_tokens, amount, cost_micro, permille = int(max_tokens), int(amount), int(cost_micro), int(permille)
+    if max_tokens <= 0 or amount != estimated_input + max_tokens or cost_micro < 0 or permille < 0:
+        raise LedgerError(
+            f"reserve reply for goal {goal_id!r} breaks the reservation's rules: max_tokens {max_tokens}, "
+            f"amount {amount} (input {estimated_input}), cost_micro {cost_micro}, spent permille {permille}"
+        )
+    pools = as_str(out[4])
+    tenant_pool = as_str(out[6])
     return Reservation(
-        id=rid,
-        goal_id=goal_id,
-        input_tokens=estimated_input,
-        max_tokens=int(out[1]),
-        amount=int(out[2]),
-        expires_at=float(out[3]),
-        pools=tuple(p for p in as_str(out[4]).split("\n") if p),
-        model=model,
-        cost_micro=int(out[5]),
-        tenant_pool=as_str(out[6]) or None,
-        spent_fraction=int(out[7]) / 1000,
-        entry=as_str(out[8]),
+        rid,
+        goal_id,
+        estimated_input,
+        max_tokens,
+        amount,
+        float(out[3]),
+        tuple(p for p in pools.split("\n") if p) if pools else (),
+        model,
+        cost_micro,
+        tenant_pool or None,
+        permille / 1000,
+        as_str(out[8]),
     )

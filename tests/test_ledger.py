@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pickle
 import random
+import re
 import sys
 import uuid
 from asyncio.subprocess import PIPE
@@ -29,6 +31,7 @@ from bus.ledger import (
     clamp_output,
     ledger_keys,
 )
+from bus.ledger_records import LedgerError, reservation_from_reply
 from bus.prices import ModelPrice, PriceTable
 from bus.replies import as_str
 from bus.retry import TroubleClock
@@ -92,6 +95,29 @@ def test_price_table(model: str | None, usage: Usage, expected: int | None) -> N
     """Costs are integer micro-USD from genai-prices' database (tier by input size, Bedrock and Vertex ids
     included); unknown models have none."""
     assert PriceTable().cost(model, usage) == expected
+
+
+@pytest.mark.parametrize(
+    ("item", "value", "named"),
+    [(1, 0, "max_tokens 0"), (2, 999, "amount 999 (input 500)"), (5, -1, "cost_micro -1"), (7, -5, "permille -5")],
+)
+def test_a_reserve_reply_that_breaks_the_reservations_rules_is_an_error_naming_it(
+    item: int, value: int, named: str
+) -> None:
+    """The reply is checked though our own script wrote it: a record that lies about what was set
+    aside would make the settle give back the wrong amount."""
+    reply: list[object] = [b"ok", 1000, 1500, b"1765000000.123456", b"pool-a\npool-b", 12, b"", 250, b"rid\ngoal"]
+    good = reservation_from_reply(reply, "rid", "g", 500, "m")
+    assert (good.max_tokens, good.amount, good.pools, good.cost_micro, good.spent_fraction) == (
+        1000,
+        1500,
+        ("pool-a", "pool-b"),
+        12,
+        0.25,
+    )
+    reply[item] = value
+    with pytest.raises(LedgerError, match=re.escape(named)):
+        reservation_from_reply(reply, "rid", "g", 500, "m")
 
 
 def test_price_overrides_and_forfeit_prices() -> None:
@@ -259,7 +285,6 @@ async def test_next_reserve_sweeps_expired_reservations(redis: ArqRedis, keys: K
     assert await short.sweep() == 0
 
 
-
 async def test_a_reserve_with_room_leaves_expired_reservations_to_the_sweep(redis: ArqRedis, keys: Keys) -> None:
     """A reserve that gets its full max_tokens does not sweep (one command less per call); the
     expired reservation is forfeited by the next sweep, snapshot or short reserve, never lost."""
@@ -292,7 +317,7 @@ async def test_a_reservation_of_the_earlier_layout_still_settles_and_expires(red
     await ledger.open("g", 10_000, [PoolRef("tenant:t", 50_000)])
     res = await ledger.reserve("g", 100, 900)
     await _as_earlier_version(redis, keys, res, res.expires_at)
-    old = res.model_copy(update={"entry": ""})
+    old = dataclasses.replace(res, entry="")
     assert await ledger.settle(old, Usage(input_tokens=120, output_tokens=30))
     assert not await ledger.settle(old, Usage(input_tokens=120, output_tokens=30))  # idempotent
     gone = await ledger.reserve("g", 0, 500)
@@ -305,6 +330,7 @@ async def test_a_reservation_of_the_earlier_layout_still_settles_and_expires(red
     assert (pool.spent, pool.reserved, pool.open) == (650, 0, 0)
     open_key, expiry_key, _ = ledger_keys(keys)
     assert await redis.hlen(open_key) == 0 and await redis.zcard(expiry_key) == 0  # type: ignore[misc]
+
 
 async def test_usage_above_the_reservation_is_recorded_as_truth(ledger: Ledger) -> None:
     """An input estimate that was too low: the real usage is spent, the excess counted as overrun."""

@@ -15,6 +15,7 @@ import pytest
 import redis.exceptions
 from arq.connections import ArqRedis
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 from sentinel import SentinelCluster
 from structlog.testing import capture_logs
 from tcpproxy import TcpProxy
@@ -164,6 +165,31 @@ async def test_a_close_that_fails_in_redis_spares_the_other_closes_and_the_reser
     assert (snap.calls, snap.spent, snap.open) == (1, 230, 1)
 
 
+async def test_a_reserve_that_fails_after_its_closes_still_books_them(
+    ledger: Ledger, redis: ArqRedis, keys: Keys
+) -> None:
+    """A reserve that fails after the held closes riding on it ran (the goal's grant record is
+    damaged) keeps what the closes wrote: their reservations are gone from the expiry set, so
+    nothing would count them later. Sent again, they find nothing left to close."""
+    await ledger.open("g", 10_000)
+    first = await ledger.reserve("g", 10, 100)
+    second = await ledger.reserve("g", 10, 100)
+    # Books that now say they belong to a tenant, with a grant record that cannot be read.
+    await redis.hset(keys.ledger("g"), mapping={"tenant": "t", "tg": "damaged"})  # type: ignore[misc]
+    told: list[int] = []
+    await ledger.settle_later(first, USAGE, then=told.append)
+    await ledger.settle_later(second, USAGE, then=told.append)
+    with pytest.raises(ResponseError, match="grant record is damaged"):
+        await ledger.reserve("g", 10, 100)
+    snap = await ledger.snapshot("g")
+    assert (snap.reserved, snap.open, snap.calls, snap.spent) == (0, 0, 2, 460)
+    assert (snap.spent_input, snap.spent_output, snap.spent_cache_read) == (240, 160, 60)
+    # The reserve failed, so the closes are held again.
+    await ledger.flush()
+    assert told == [0, 0] and ledger.held == 0
+    assert await ledger.snapshot("g") == snap
+
+
 async def test_with_a_replica_policy_held_settles_do_not_ride_on_unguarded_writes(redis: ArqRedis, keys: Keys) -> None:
     """Under TASKLOOM_REDIS_WAIT_REPLICAS an attempt's writes are not guarded, so a held settle is not
     handed to one (it would lose its WAIT); it still rides on the next reserve, a guarded write."""
@@ -182,9 +208,10 @@ async def test_with_a_replica_policy_held_settles_do_not_ride_on_unguarded_write
 @pytest.fixture
 def cut_off(tmp_path: Path) -> typing.Iterator[TcpProxy]:
     """A Redis of the test's own, reached through a proxy that can cut every connection."""
-    with SentinelCluster(tmp_path / "redis", replicas=0, sentinels=0) as server, TcpProxy(
-        server.data_ports[0]
-    ) as proxy:
+    with (
+        SentinelCluster(tmp_path / "redis", replicas=0, sentinels=0) as server,
+        TcpProxy(server.data_ports[0]) as proxy,
+    ):
         yield proxy
 
 
