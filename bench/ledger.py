@@ -92,8 +92,8 @@ def stats(latencies: list[float], wall: float, server_usec: float) -> Stats:
     return Stats(len(latencies) / wall, q[49] * 1000, q[98] * 1000, server_usec / len(latencies))
 
 
-# The commands an operation sends itself: a script's own commands are inside its EVALSHA's time.
-TOP_LEVEL = ("evalsha", "eval", "ping")
+# The commands an operation sends itself: a script's own commands are inside its EVALSHA's (or FCALL's) time.
+TOP_LEVEL = ("evalsha", "eval", "fcall", "ping")
 
 
 async def server_usec(redis: Redis) -> float:

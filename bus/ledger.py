@@ -100,7 +100,7 @@ from .ledger_records import (
 )
 from .prices import PriceTable, usd_to_micro
 from .replies import str_pairs
-from .scripts import lua, registered
+from .scripts import library, lua, registered
 
 log = structlog.get_logger("taskloom.ledger")
 
@@ -158,12 +158,25 @@ def clamp_output(headroom: int, input_tokens: int, max_tokens: int, min_reservat
 # -- Lua (bus/lua/*.lua; each file's header says its KEYS, ARGV and reply) ------------------------
 
 _OPEN = lua("ledger_open")
-_RESERVE = lua("ledger_lib", "ledger_reserve_args", "ledger_reserve")
-_FOLD = lua("ledger_lib", "ledger_fold", "ledger_reserve")
-_CLOSE = lua("ledger_lib", "ledger_close")
-_CLOSE_MANY = lua("ledger_lib", "ledger_close_many")
-_SWEEP = lua("ledger_lib", "ledger_sweep")
-_END_GRANT = lua("ledger_lib", "ledger_release")
+# The scripts that share ledger_lib.lua, also a library of Redis Functions (`bus.scripts.library`).
+_LIB = library(
+    "ledger",
+    "ledger_lib",
+    {
+        "reserve": ("ledger_reserve_args", "ledger_reserve"),
+        "fold": ("ledger_fold", "ledger_reserve"),
+        "close": ("ledger_close",),
+        "close_many": ("ledger_close_many",),
+        "sweep": ("ledger_sweep",),
+        "end_grant": ("ledger_release",),
+    },
+)
+_RESERVE = _LIB["reserve"]
+_FOLD = _LIB["fold"]
+_CLOSE = _LIB["close"]
+_CLOSE_MANY = _LIB["close_many"]
+_SWEEP = _LIB["sweep"]
+_END_GRANT = _LIB["end_grant"]
 
 
 async def end_grant(redis: Redis, keys: Keys, goal_id: str) -> bool:

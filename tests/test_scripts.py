@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import tomllib
 import uuid
 from pathlib import Path
 
 import pytest
 from arq.connections import ArqRedis
+from redis.exceptions import ResponseError
 
-from bus.scripts import LUA_DIR, lua, registered
+from bus.connection import connect
+from bus.keys import Keys
+from bus.scripts import LUA_DIR, library, lua, registered
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,3 +49,70 @@ async def test_a_script_the_server_does_not_know_is_loaded_and_run(redis: ArqRed
     assert await script(keys=["k"], args=[7]) == [token.encode(), b"k", b"7"]
     assert (await redis.script_exists(script.sha)) == [True]
     assert await script(keys=["j"], args=["x"]) == [token.encode(), b"j", b"x"]
+
+
+async def test_a_library_script_runs_as_its_function_and_its_library_is_loaded_again_when_lost(
+    redis: ArqRedis, keys: Keys
+) -> None:
+    """On a server with Functions (Redis 7+) a script of a `library` is called as its function, the
+    library loaded on first use and again after the server lost it; on one without (Redis 6) the
+    same text runs by EVALSHA. Either way the reply is the script's."""
+    sources = library("scriptstest", "ledger_lib", {"sweep": ("ledger_sweep",)})
+    script = registered(redis, sources["sweep"])
+    assert script.function is not None and script.function.name.startswith("taskloom_scriptstest_")
+    name = script.function.library
+    script_keys = [keys.ledger_open(), keys.ledger_expiry()]
+    major = int(str((await redis.info("server"))["redis_version"]).split(".")[0])
+    try:
+        assert await script(keys=script_keys, args=[10]) == [0]
+        if major < 7:
+            assert script.function is None  # told "unknown command": EVALSHA from now on
+            assert (await redis.script_exists(script.sha)) == [True]
+            return
+        listed = await redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name)
+        assert len(listed) == 1 and script.function is not None
+        await redis.execute_command("FUNCTION", "DELETE", name)  # as a restart without persistence would
+        assert await script(keys=script_keys, args=[10]) == [0]
+        assert len(await redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name)) == 1
+    finally:
+        if major >= 7:
+            with contextlib.suppress(ResponseError):
+                await redis.execute_command("FUNCTION", "DELETE", name)
+
+
+async def test_an_error_inside_a_function_is_the_callers_not_a_missing_function(redis: ArqRedis, keys: Keys) -> None:
+    """A script of a library that fails (books that hold no number) raises its own error, whether it
+    ran as a function or by EVALSHA; it is not taken for a missing function and run again."""
+    sources = library("scriptstest", "ledger_lib", {"sweep": ("ledger_sweep",)})
+    script = registered(redis, sources["sweep"])
+    await redis.hset(keys.ledger("g"), "reserved", "lots")  # type: ignore[misc]
+    member = "\n".join(["r1", keys.ledger("g"), "10", "0", "-", "-"])
+    await redis.zadd(keys.ledger_expiry(), {member: 1})
+    try:
+        with pytest.raises(ResponseError, match="not an integer"):
+            await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10])
+    finally:
+        with contextlib.suppress(ResponseError):
+            await redis.execute_command("FUNCTION", "DELETE", script.function.library if script.function else "-")
+
+
+async def test_a_user_not_allowed_functions_runs_the_library_by_evalsha(
+    redis: ArqRedis, redis_url: str, keys: Keys, tmp_path: Path
+) -> None:
+    """A Redis user whose ACL allows scripts but not Functions (FCALL answers NOPERM) still runs a
+    library's scripts: by EVALSHA, the same text."""
+    user, password = f"taskloom-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    major = int(str((await redis.info("server"))["redis_version"]).split(".")[0])
+    # Redis 6 has no Functions to forbid (nor the ACL names): there FCALL is an unknown command.
+    rules = ["on", f">{password}", "~*", "&*", "+@all", *(["-fcall", "-function"] if major >= 7 else [])]
+    await redis.execute_command("ACL", "SETUSER", user, *rules)
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}:{password}@", 1)
+        async with connect(url, tmp_path) as limited:
+            sources = library("scriptstest", "ledger_lib", {"sweep": ("ledger_sweep",)})
+            script = registered(limited, sources["sweep"])
+            assert await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10]) == [0]
+            assert script.function is None
+            assert await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10]) == [0]
+    finally:
+        await redis.execute_command("ACL", "DELUSER", user)
