@@ -18,6 +18,7 @@ an older version's library stays on the server (`FUNCTION DELETE` removes it).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import weakref
 from collections.abc import Sequence
@@ -122,14 +123,31 @@ class Script:
             return True
         if "Function not found" not in text or self.function is None:
             return False
-        try:
-            await self.redis.execute_command("FUNCTION", "LOAD", self.function.source)
-        except ResponseError as load_exc:
-            # "already exists": loaded meanwhile by another process, the same text. Anything else
-            # (not allowed to load, a server in trouble): the script runs by EVALSHA instead.
-            if "already exists" not in str(load_exc):
-                self.function = None
+        # One load per client and library at a time: a fleet's calls in flight all find the library
+        # gone at once (a restarted server), and each load compiles the whole library.
+        name = self.function.library
+        loads = _LOADS.setdefault(self.redis, {})
+        pending = loads.get(name)
+        if pending is None:
+            pending = loads[name] = asyncio.ensure_future(_load(self.redis, self.function.source))
+            pending.add_done_callback(lambda _: loads.pop(name, None))
+        if not await asyncio.shield(pending):
+            self.function = None
         return True
+
+
+async def _load(redis: Any, source: str) -> bool:
+    """Load a library of Functions: True when the server has it now, False when this client cannot
+    load it (not allowed, a server in trouble): its scripts then run by EVALSHA."""
+    try:
+        await redis.execute_command("FUNCTION", "LOAD", source)
+    except ResponseError as exc:
+        return "already exists" in str(exc)  # loaded meanwhile by another process: the same text
+    return True
+
+
+# Per client, the libraries being loaded (`Script._function_missing`).
+_LOADS: weakref.WeakKeyDictionary[Any, dict[str, asyncio.Future[bool]]] = weakref.WeakKeyDictionary()
 
 
 # Per client, its scripts: a job builds a dozen objects that run scripts (its attempt store, tenant

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tomllib
 import uuid
@@ -72,12 +73,21 @@ async def test_a_library_script_runs_as_its_function_and_its_library_is_loaded_a
         listed = await redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name)
         assert len(listed) == 1 and script.function is not None
         await redis.execute_command("FUNCTION", "DELETE", name)  # as a restart without persistence would
-        assert await script(keys=script_keys, args=[10]) == [0]
+        loads_before = await _function_loads(redis)
+        # Calls in flight that all find it gone: they wait on one load.
+        replies = await asyncio.gather(*(script(keys=script_keys, args=[10]) for _ in range(50)))
+        assert replies == [[0]] * 50
+        assert await _function_loads(redis) - loads_before == 1
         assert len(await redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name)) == 1
     finally:
         if major >= 7:
             with contextlib.suppress(ResponseError):
                 await redis.execute_command("FUNCTION", "DELETE", name)
+
+
+async def _function_loads(redis: ArqRedis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_function|load", {}).get("calls", 0))
 
 
 async def test_an_error_inside_a_function_is_the_callers_not_a_missing_function(redis: ArqRedis, keys: Keys) -> None:
