@@ -233,6 +233,7 @@ class Ledger:
         self.reservation_ttl = reservation_ttl
         self.prices = prices or PriceTable()
         self._open_key, self._expiry_key, self._pool_prefix = ledger_keys(keys)
+        self._tenant_prefix = keys.tenant("")
         self._open = registered(redis, _OPEN)
         self._reserve = registered(redis, _RESERVE)
         self._close = registered(redis, _CLOSE)
@@ -293,7 +294,7 @@ class Ledger:
             SWEEP_BATCH,
             model_tag(model),
             int(self.prices.priced(model)),
-            self.keys.tenant(""),
+            self._tenant_prefix,
             *day_hint(int(time.time() // 86400)),
         ]
         return rid, keys, args

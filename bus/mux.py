@@ -280,6 +280,8 @@ class Multiplexer:
             if EMPTY_RESPONSE in options:
                 return options[EMPTY_RESPONSE]
             raise reply
+        if name not in self.client.response_callbacks:  # scripts, most reads: no coroutine more per reply
+            return reply
         return await self._parsed(name, reply, options)
 
     async def _parsed(self, name: str, reply: Any, options: dict[str, Any]) -> Any:
