@@ -12,6 +12,7 @@ import pytest
 from arq.connections import ArqRedis
 from redis.exceptions import ResponseError
 
+from bus import scripts
 from bus.connection import connect
 from bus.keys import Keys
 from bus.scripts import LUA_DIR, library, lua, registered
@@ -52,14 +53,21 @@ async def test_a_script_the_server_does_not_know_is_loaded_and_run(redis: ArqRed
     assert await script(keys=["j"], args=["x"]) == [token.encode(), b"j", b"x"]
 
 
+@pytest.fixture
+def own_library(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A library of the ledger's sweep under a name of its own, registered for this test only (a
+    script's text maps to one function per process, and this text is also the ledger's sweep)."""
+    monkeypatch.setattr(scripts, "_FUNCTIONS", dict(scripts._FUNCTIONS))
+    return library("scriptstest", "ledger_lib", {"sweep": ("ledger_sweep",)})
+
+
 async def test_a_library_script_runs_as_its_function_and_its_library_is_loaded_again_when_lost(
-    redis: ArqRedis, keys: Keys
+    redis: ArqRedis, keys: Keys, own_library: dict[str, str]
 ) -> None:
     """On a server with Functions (Redis 7+) a script of a `library` is called as its function, the
     library loaded on first use and again after the server lost it; on one without (Redis 6) the
     same text runs by EVALSHA. Either way the reply is the script's."""
-    sources = library("scriptstest", "ledger_lib", {"sweep": ("ledger_sweep",)})
-    script = registered(redis, sources["sweep"])
+    script = registered(redis, own_library["sweep"])
     assert script.function is not None and script.function.name.startswith("taskloom_scriptstest_")
     name = script.function.library
     script_keys = [keys.ledger_open(), keys.ledger_expiry()]
@@ -90,11 +98,12 @@ async def _function_loads(redis: ArqRedis) -> int:
     return int(stats.get("cmdstat_function|load", {}).get("calls", 0))
 
 
-async def test_an_error_inside_a_function_is_the_callers_not_a_missing_function(redis: ArqRedis, keys: Keys) -> None:
+async def test_an_error_inside_a_function_is_the_callers_not_a_missing_function(
+    redis: ArqRedis, keys: Keys, own_library: dict[str, str]
+) -> None:
     """A script of a library that fails (books that hold no number) raises its own error, whether it
     ran as a function or by EVALSHA; it is not taken for a missing function and run again."""
-    sources = library("scriptstest", "ledger_lib", {"sweep": ("ledger_sweep",)})
-    script = registered(redis, sources["sweep"])
+    script = registered(redis, own_library["sweep"])
     await redis.hset(keys.ledger("g"), "reserved", "lots")  # type: ignore[misc]
     member = "\n".join(["r1", keys.ledger("g"), "10", "0", "-", "-"])
     await redis.zadd(keys.ledger_expiry(), {member: 1})
@@ -107,7 +116,7 @@ async def test_an_error_inside_a_function_is_the_callers_not_a_missing_function(
 
 
 async def test_a_user_not_allowed_functions_runs_the_library_by_evalsha(
-    redis: ArqRedis, redis_url: str, keys: Keys, tmp_path: Path
+    redis: ArqRedis, redis_url: str, keys: Keys, tmp_path: Path, own_library: dict[str, str]
 ) -> None:
     """A Redis user whose ACL allows scripts but not Functions (FCALL answers NOPERM) still runs a
     library's scripts: by EVALSHA, the same text."""
@@ -119,8 +128,7 @@ async def test_a_user_not_allowed_functions_runs_the_library_by_evalsha(
     try:
         url = redis_url.replace("redis://", f"redis://{user}:{password}@", 1)
         async with connect(url, tmp_path) as limited:
-            sources = library("scriptstest", "ledger_lib", {"sweep": ("ledger_sweep",)})
-            script = registered(limited, sources["sweep"])
+            script = registered(limited, own_library["sweep"])
             assert await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10]) == [0]
             assert script.function is None
             assert await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10]) == [0]
