@@ -35,7 +35,7 @@ local KINDS = {'input', 'output', 'cache_read', 'cache_write', 'cost'}
 local function int_of(v, key, field)
   if not v then return 0 end
   local n = tonumber(v)
-  if not n or n ~= math.floor(n) then error('hash value is not an integer: ' .. key .. ' ' .. field) end
+  if not n or n % 1 ~= 0 then error('hash value is not an integer: ' .. key .. ' ' .. field) end
   return n
 end
 
@@ -48,16 +48,20 @@ local function add_all(key, fields, delta, extra, watch, watch2)
   if watch then w1 = w1 + 1; w2 = w1; fields[w1] = watch end
   if watch2 then w2 = w2 + 1; fields[w2] = watch2 end
   local cur = redis.call('HMGET', key, unpack(fields))
-  local args = {}
+  -- Made at a size that holds a settle's fields (a table grown an entry at a time is rebuilt at
+  -- every power of two); unpack() below takes only what was written.
+  local args = {false, false, false, false, false, false, false, false, false, false, false, false, false, false,
+                false, false, false, false, false, false, false, false, false, false}
   for i = 1, n do
     local field = fields[i]
     args[2 * i - 1] = field
     args[2 * i] = int_of(cur[i], key, field) + delta[i]
   end
+  local m = 2 * n
   if extra then
-    for _, v in ipairs(extra) do args[#args + 1] = v end
+    for _, v in ipairs(extra) do m = m + 1; args[m] = v end
   end
-  redis.call('HSET', key, unpack(args))
+  redis.call('HSET', key, unpack(args, 1, m))
   return watch and cur[w1], watch2 and cur[w2]
 end
 
@@ -302,11 +306,18 @@ end
 -- One close from its arguments `a[first..last]` (ledger_close.lua's ARGV): 1 or 2 if it closed the
 -- reservation (2: the role's served model changed), 0 if it was closed already.
 local function close_argv(open_key, expiry_key, a, first, last)
-  local u = {}
-  for i = first + 5, last do u[#u + 1] = tonumber(a[i]) end
-  local extra, watch = {}, nil
+  local u
+  if last - first == 10 then  -- a settle's six numbers, in one table made at its size
+    u = {tonumber(a[first + 5]), tonumber(a[first + 6]), tonumber(a[first + 7]), tonumber(a[first + 8]),
+         tonumber(a[first + 9]), tonumber(a[first + 10])}
+  else
+    u = {}
+    for i = first + 5, last do u[#u + 1] = tonumber(a[i]) end
+  end
+  local extra, watch = nil, nil
   if a[first + 2] == '1' then extra = {'trouble_since', '0'} end
   if a[first + 3] ~= '' then
+    extra = extra or {}
     extra[#extra + 1] = a[first + 3]; extra[#extra + 1] = a[first + 4]
     watch = {a[first + 3], a[first + 4]}
   end

@@ -215,19 +215,20 @@ for _, b in ipairs(books) do
     if fcost ~= 0 then fields[3], delta[3] = 'reserved_micro', fcost end
     add_all(b.key, fields, delta)
   else
+    -- One HSET from the values read (numbers: exact, ledger_lib), its arguments written out: the
+    -- tables and loop that built them cost more than the command.
     written[b.key] = true
-    local fields, delta = {'reserved', 'open'}, {amount, 1}
-    if fcost ~= 0 then fields[3], delta[3] = 'reserved_micro', fcost end
-    local args = {}
-    for i, field in ipairs(fields) do
-      args[#args + 1] = field
-      args[#args + 1] = int_of(b.raw[i], b.key, field) + delta[i]  -- a number: exact (ledger_lib)
+    local key, raw = b.key, b.raw
+    local reserved, open = int_of(raw[1], key, 'reserved') + amount, int_of(raw[2], key, 'open') + 1
+    local extra = key == KEYS[1] and goal_extra
+    if fcost == 0 and not extra then
+      redis.call('HSET', key, 'reserved', reserved, 'open', open)
+    elseif not extra then
+      redis.call('HSET', key, 'reserved', reserved, 'open', open, 'reserved_micro', int_of(raw[3], key, 'reserved_micro') + fcost)
+    else
+      redis.call('HSET', key, 'reserved', reserved, 'open', open, 'reserved_micro', int_of(raw[3], key, 'reserved_micro') + fcost,
+                 extra[1], extra[2])
     end
-    if b.key == KEYS[1] and goal_extra then
-      args[#args + 1] = goal_extra[1]
-      args[#args + 1] = goal_extra[2]
-    end
-    redis.call('HSET', b.key, unpack(args))
   end
 end
 if tnew then
