@@ -5,11 +5,15 @@ measured alone, a redis-py round trip costs about 34 µs of client CPU, a comman
 nine others about 9 µs (bench/RESULTS.md). Where a step makes independent script calls (the
 planner claiming every ready task, then enqueueing each task's job), they go out here as one
 non-transactional pipeline of `EVALSHA`s: each call is still its own atomic script, as when they
-were sent one by one, and each gets its own reply or error.
+were sent one by one, and each gets its own reply or error. A script of a library of Redis
+Functions (`bus.scripts.library`: the ledger's, such as the held settles an attempt's write
+carries) goes as its `FCALL` where the server has Functions, as it does on its own.
 
 redis-py's `Script` objects would do this too, but a pipeline holding them first asks the server
 `SCRIPT EXISTS` (one more round trip every time). Here a script the server lost (a restart, a
-`SCRIPT FLUSH`) is loaded and only the calls that did not run are sent again.
+`SCRIPT FLUSH`, a `FUNCTION FLUSH`) is loaded and only the calls that did not run are sent again;
+so are the calls of a library the server cannot run as Functions (Redis 6, an ACL forbidding
+them), by `EVALSHA` from then on.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from . import durability
 from .scripts import Script
@@ -56,15 +60,29 @@ async def run_scripts_and_reads(
         return [], []
     policy = durability.policy_of(redis)
     wait = [("WAIT", policy.replicas, policy.timeout_ms)] if policy.replicas and any(c.guarded for c in calls) else []
+    as_function = [call.script.function is not None for call in calls]
     sent = await _send(redis, calls, [*reads, *extra, *wait])
     n = len(calls)
     read_replies = sent[n : n + len(reads)]
     replies = [*sent[:n], *sent[n + len(reads) :]]
     acked = replies[-1] if wait else None
-    lost = [i for i, r in enumerate(replies[: len(calls)]) if isinstance(r, NoScriptError)]
+    # Calls that did not run because the server lacked their script or function, now mended (loaded,
+    # once per script; or the script set to run by EVALSHA), to be sent again. A script's own error
+    # is its reply.
+    lost, loaded = [], set()
+    for i, reply in enumerate(replies[:n]):
+        script = calls[i].script
+        if isinstance(reply, NoScriptError):
+            if id(script) not in loaded:
+                script.sha = await redis.script_load(script.script)
+                loaded.add(id(script))
+            lost.append(i)
+        elif as_function[i] and isinstance(reply, ResponseError) and await script.function_missing(reply):
+            if script.function is None and id(script) not in loaded:  # by EVALSHA from now on: loaded first
+                script.sha = await redis.script_load(script.script)
+                loaded.add(id(script))
+            lost.append(i)
     if lost:
-        for script in {id(calls[i].script): calls[i].script for i in lost}.values():
-            script.sha = await redis.script_load(script.script)
         again = await _send(redis, [calls[i] for i in lost], wait)
         for i, reply in zip(lost, again[: len(lost)], strict=True):
             replies[i] = reply
@@ -82,7 +100,11 @@ async def run_scripts_and_reads(
 async def _send(redis: Redis, calls: Sequence[ScriptCall], extra: Sequence[Sequence[Any]]) -> list[Any]:
     async with redis.pipeline(transaction=False) as pipe:
         for call in calls:
-            pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+            function = call.script.function
+            if function is not None:
+                pipe.execute_command("FCALL", function.name, len(call.keys), *call.keys, *call.args)
+            else:
+                pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
         for command in extra:
             pipe.execute_command(*command)
         return list(await pipe.execute(raise_on_error=False))

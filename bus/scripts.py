@@ -103,7 +103,7 @@ class Script:
             try:
                 return await self.redis.execute_command("FCALL", self.function.name, len(keys), *keys, *args)
             except ResponseError as exc:
-                if not await self._function_missing(exc):
+                if not await self.function_missing(exc):
                     raise
             if self.function is not None:
                 return await self.redis.execute_command("FCALL", self.function.name, len(keys), *keys, *args)
@@ -113,7 +113,7 @@ class Script:
             self.sha = await self.redis.script_load(self.script)
             return await self.redis.evalsha(self.sha, len(keys), *keys, *args)
 
-    async def _function_missing(self, exc: ResponseError) -> bool:
+    async def function_missing(self, exc: ResponseError) -> bool:
         """After an FCALL's error: True when it was the function's absence, now mended (its library
         loaded, or this script set to run by EVALSHA: on a server without Functions, or a user whose
         ACL does not allow them); False for an error of the script itself."""
@@ -146,7 +146,7 @@ async def _load(redis: Any, source: str) -> bool:
     return True
 
 
-# Per client, the libraries being loaded (`Script._function_missing`).
+# Per client, the libraries being loaded (`Script.function_missing`).
 _LOADS: weakref.WeakKeyDictionary[Any, dict[str, asyncio.Future[bool]]] = weakref.WeakKeyDictionary()
 
 

@@ -13,6 +13,7 @@ from arq.connections import ArqRedis
 from redis.exceptions import ResponseError
 
 from bus import scripts
+from bus.batch import ScriptCall, run_scripts
 from bus.connection import connect
 from bus.keys import Keys
 from bus.scripts import LUA_DIR, library, lua, registered
@@ -132,5 +133,89 @@ async def test_a_user_not_allowed_functions_runs_the_library_by_evalsha(
             assert await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10]) == [0]
             assert script.function is None
             assert await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10]) == [0]
+    finally:
+        await redis.execute_command("ACL", "DELUSER", user)
+
+
+# -- in a pipeline (`bus.batch`) ---------------------------------------------------------------------
+
+
+async def _fcalls(redis: ArqRedis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_fcall", {}).get("calls", 0))
+
+
+async def test_a_library_script_in_a_pipeline_runs_as_its_function_and_only_the_lost_call_runs_again(
+    redis: ArqRedis, keys: Keys, own_library: dict[str, str]
+) -> None:
+    """In a pipeline (`bus.batch.run_scripts`, as an attempt's write carries the ledger's held
+    settles) a library's script goes as its FCALL where the server has Functions. After the server
+    lost the library it is loaded once and that call alone is sent again: the plain script beside
+    it ran once. On Redis 6 the same call runs by EVALSHA."""
+    script = registered(redis, own_library["sweep"])
+    assert script.function is not None
+    name = script.function.library
+    count = registered(redis, "return redis.call('INCR', KEYS[1])")
+    counter = f"{keys.prefix}counter"
+    calls = [ScriptCall(script, [keys.ledger_open(), keys.ledger_expiry()], [10]), ScriptCall(count, [counter], [])]
+    major = int(str((await redis.info("server"))["redis_version"]).split(".")[0])
+    try:
+        fcalls = await _fcalls(redis)
+        assert await run_scripts(redis, calls) == [[0], 1]
+        if major < 7:
+            assert script.function is None  # told "unknown command": EVALSHA from now on
+            assert await run_scripts(redis, calls) == [[0], 2]
+            return
+        assert script.function is not None and await _fcalls(redis) > fcalls
+        await redis.execute_command("FUNCTION", "DELETE", name)  # as a restart without persistence would
+        loads = await _function_loads(redis)
+        assert await run_scripts(redis, calls) == [[0], 2]
+        assert await _function_loads(redis) - loads == 1
+        assert len(await redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name)) == 1
+    finally:
+        if major >= 7:
+            with contextlib.suppress(ResponseError):
+                await redis.execute_command("FUNCTION", "DELETE", name)
+
+
+async def test_a_library_scripts_own_error_in_a_pipeline_is_its_reply_and_nothing_runs_again(
+    redis: ArqRedis, keys: Keys, own_library: dict[str, str]
+) -> None:
+    """A library's script that fails inside a pipeline (books that hold no number) has its error as
+    its reply; it is not taken for a missing function, and no call of the pipeline runs twice."""
+    script = registered(redis, own_library["sweep"])
+    count = registered(redis, "return redis.call('INCR', KEYS[1])")
+    counter = f"{keys.prefix}counter"
+    await redis.hset(keys.ledger("g"), "reserved", "lots")  # type: ignore[misc]
+    member = "\n".join(["r1", keys.ledger("g"), "10", "0", "-", "-"])
+    await redis.zadd(keys.ledger_expiry(), {member: 1})
+    try:
+        sweep = ScriptCall(script, [keys.ledger_open(), keys.ledger_expiry()], [10])
+        failed, counted = await run_scripts(redis, [sweep, ScriptCall(count, [counter], [])])
+        assert isinstance(failed, ResponseError) and "not an integer" in str(failed)
+        assert counted == 1 and await redis.get(counter) == b"1"
+    finally:
+        with contextlib.suppress(ResponseError):
+            await redis.execute_command("FUNCTION", "DELETE", script.function.library if script.function else "-")
+
+
+async def test_a_user_not_allowed_functions_runs_a_pipelined_library_script_by_evalsha(
+    redis: ArqRedis, redis_url: str, keys: Keys, tmp_path: Path, own_library: dict[str, str]
+) -> None:
+    """In a pipeline too, a user whose ACL forbids Functions runs a library's script by EVALSHA
+    (loaded first: this client never ran it)."""
+    user, password = f"taskloom-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    major = int(str((await redis.info("server"))["redis_version"]).split(".")[0])
+    rules = ["on", f">{password}", "~*", "&*", "+@all", *(["-fcall", "-function"] if major >= 7 else [])]
+    await redis.execute_command("ACL", "SETUSER", user, *rules)
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}:{password}@", 1)
+        async with connect(url, tmp_path) as limited:
+            await limited.script_flush()
+            script = registered(limited, own_library["sweep"])
+            call = ScriptCall(script, [keys.ledger_open(), keys.ledger_expiry()], [10])
+            assert await run_scripts(limited, [call]) == [[0]]
+            assert script.function is None
+            assert await run_scripts(limited, [call]) == [[0]]
     finally:
         await redis.execute_command("ACL", "DELUSER", user)
