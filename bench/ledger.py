@@ -26,6 +26,12 @@ settle rides on the process's next reserve (`Ledger.settle_later`), as an execut
 make it: one round trip per call. The target is judged on the held path, the one the calls of wide
 goals take; the at-once pair, two round trips, can never come under 2.0 PINGs and is reported beside
 it. When the URL cannot be reached, an embedded redis-server is started instead.
+
+An executor's settle takes a third way in a worker: the attempt stores the call's step right after
+the call, and that write carries the held settle (`bus.attempts.AttemptStore`), so the next reserve
+usually finds nothing held. Beside the targets the report gives what that costs: a step write (a
+one-`HSET` script standing in for it) with the close in its round trip against the same write
+alone, the difference being what the settle adds to a write the executor makes anyway.
 """
 
 from __future__ import annotations
@@ -46,10 +52,12 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from bench._harness import cpu_probe_ms
+from bus.batch import ScriptCall, run_scripts
 from bus.connection import connect
 from bus.keys import Keys
 from bus.ledger import Ledger
 from bus.retention import delete_all
+from bus.scripts import registered
 from bus.tenants import Tenants
 from llm.types import Usage
 from taskloom import eventloop
@@ -68,6 +76,8 @@ MODEL = "claude-sonnet-4-6"
 # above it is what the ledger's own logic costs (its Lua and its client). Kept in a file of its own:
 # Lua lives in .lua files.
 FLOOR_SCRIPT = (Path(__file__).parent / "ledger_floor.lua").read_text()
+# The write an executor's held settle rides on in a worker (an attempt's step), reduced to one HSET.
+STEP_SCRIPT = (Path(__file__).parent / "ledger_step.lua").read_text()
 
 
 # Pairs and PINGs alternate in short blocks of about BLOCK operations each, so that every path sees
@@ -200,16 +210,56 @@ async def run(url: str, ops: int, levels: list[int]) -> str:
         async def ping_pool() -> None:
             await pooled.ping()
 
-        named: dict[str, Callable[[], Awaitable[object]]] = {"ping": ping, "ping_pool": ping_pool, "floor": floor}
+        # An executor's settle carried by its step write (`AttemptStore._write`), against that write alone.
+        carrier = Ledger(redis, keys, settle_delay=60)
+        step_call = ScriptCall(registered(redis, STEP_SCRIPT), [f"{keys.prefix}bench-step"], ["step"])
+        carried: list[float] = []  # the carrying writes' latencies (the reserve before each is not timed)
+
+        stepped: list[float] = []  # the step writes' latencies alone (the PING before each is not timed)
+
+        async def step() -> None:
+            await redis.ping()  # a round trip before it, as the carrying write has its reserve
+            t0 = time.perf_counter()
+            await run_scripts(redis, [step_call])
+            stepped.append(time.perf_counter() - t0)
+
+        async def carry() -> None:
+            res = await carrier.reserve(GOAL, 500, 1000, model=MODEL)
+            await carrier.settle_later(res, USAGE, model=MODEL)
+            t0 = time.perf_counter()
+            taken = carrier.held_call()
+            assert taken is not None
+            close, held_settles = taken
+            closed, _ = await run_scripts(redis, [close, step_call])
+            carrier.held_done(held_settles, closed)
+            carried.append(time.perf_counter() - t0)
+
+        named: dict[str, Callable[[], Awaitable[object]]] = {
+            "ping": ping,
+            "ping_pool": ping_pool,
+            "floor": floor,
+            "step": step,
+            "carry": carry,
+        }
         for settle, hold in (("at once", False), ("held", True)):
             for path, goal in PATHS:
                 named[f"{settle}|{path}"] = pair(goal, hold)
+
+        async def level(clients: int, n: int) -> dict[str, Stats]:
+            carried.clear()
+            stepped.clear()
+            r = await compare(redis, clients, n, named)
+            # Latencies only: the rest of each op is an untimed round trip before the write.
+            r["carry"], r["step"] = stats(carried, 1.0, 0.0), stats(stepped, 1.0, 0.0)
+            return r
+
         try:
-            await compare(redis, max(levels), 1000, named)  # warm up: scripts loaded, connections open
+            await level(max(levels), 1000)  # warm up: scripts loaded, connections open
             rows = []
             for clients in levels:
-                rows.append((clients, await compare(redis, clients, ops, named)))
+                rows.append((clients, await level(clients, ops)))
             await held.flush()
+            await carrier.flush()
             for goal in (GOAL, TENANT_GOAL):
                 snap = await ledger.snapshot(goal)
                 assert snap.reserved == 0 and snap.open == 0, snap
@@ -231,7 +281,7 @@ def report(rows: list[tuple[int, dict[str, Stats]]], where: str, version: str, o
     for clients, r in rows:
         p = r["ping"]
         for name, x in r.items():
-            if name in ("ping", "ping_pool", "floor"):
+            if name in ("ping", "ping_pool", "floor", "step", "carry"):
                 continue
             settle, path = name.split("|")
             lines.append(
@@ -285,6 +335,13 @@ def targets(rows: list[tuple[int, dict[str, Stats]]]) -> list[str]:
                     f"{floor.p50_ms / r['ping'].p50_ms:.2f}x PING | the held pair is "
                     f"{goal.p50_ms / floor.p50_ms:.2f}x it: {(goal.p50_ms - floor.p50_ms) * 1000:+.0f} µs of "
                     f"the ledger's own logic, {goal.server_us - floor.server_us:+.1f} µs of it in Redis |"
+                )
+                step_p50, carry_p50 = r["step"].p50_ms, r["carry"].p50_ms
+                lines.append(
+                    f"| an executor's settle carried by its step write instead (`AttemptStore`), 1 client: p50 | "
+                    f"{(carry_p50 - step_p50) * 1000:+.0f} µs on that write | for comparison: the step write "
+                    f"{step_p50 * 1000:.0f} µs alone, {carry_p50 * 1000:.0f} µs with the close; the reserve "
+                    "before it then carries nothing |"
                 )
             lines.append(
                 f"| tenant pool + USD pair p50 <= goal-only + {TENANT_EXTRA:.0%}, 1 client, settle {settle} | "
