@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -110,13 +110,14 @@ class PoolRef:
             raise ValueError(f"pool {self.name!r}: budget_tokens must be positive, got {self.budget_tokens}")
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
+class Reservation(NamedTuple):
     """Tokens set aside for one model call; settle, release or forfeit it exactly once (repeats are no-ops).
 
     Made only from the reserve script's reply (`reservation_from_reply`, which checks its numbers): a
-    plain record, not a pydantic model, because every model call makes one and its validation was a
-    fifth of the client's work in a held reserve+settle (bench/RESULTS.md)."""
+    plain immutable record, not a pydantic model, because every model call makes one and its
+    validation was a fifth of the client's work in a held reserve+settle (bench/RESULTS.md). A named
+    tuple rather than a frozen dataclass: made in 0.5 µs instead of 1.8 (a frozen dataclass sets each
+    of its twelve fields through `object.__setattr__`). `_replace` makes a changed copy."""
 
     id: str
     goal_id: str
@@ -237,13 +238,16 @@ def reservation_from_reply(
     out: Sequence[Any], rid: str, goal_id: str, estimated_input: int, model: str | None
 ) -> Reservation:
     """The reserve script's reply: the reservation made, or the error that says why none was."""
-    status = as_str(out[0])
-    if status == "missing":
-        raise LedgerNotFound(goal_id)
-    if status == "refused":
-        pool, unit = as_str(out[1]), as_str(out[2])
-        budget, spent, reserved, requested = (int(float(as_str(v))) for v in out[3:7])
-        raise BudgetExhausted(goal_id, budget, spent, reserved, requested, pool or None, unit)
+    status = out[0]
+    if status != b"ok" and status != "ok":
+        status = as_str(status)
+        if status == "missing":
+            raise LedgerNotFound(goal_id)
+        if status == "refused":
+            pool, unit = as_str(out[1]), as_str(out[2])
+            budget, spent, reserved, requested = (int(float(as_str(v))) for v in out[3:7])
+            raise BudgetExhausted(goal_id, budget, spent, reserved, requested, pool or None, unit)
+        raise LedgerError(f"reserve reply for goal {goal_id!r} is {status!r}, not a reservation")
     # Checked here, though the script wrote it: the numbers are parsed straight from the reply's
     # items (hiredis gives integers as ints), and a reply that breaks the reservation's rules is an
     # error naming the item, not a record that misleads the settle.
@@ -255,8 +259,8 @@ def reservation_from_reply(
             f"reserve reply for goal {goal_id!r} breaks the reservation's rules: max_tokens {max_tokens}, "
             f"amount {amount} (input {estimated_input}), cost_micro {cost_micro}, spent permille {permille}"
         )
-    pools = as_str(out[4])
-    tenant_pool = as_str(out[6])
+    pools = as_str(out[4]) if out[4] else ""
+    tenant_pool = as_str(out[6]) if out[6] else ""
     return Reservation(
         rid,
         goal_id,

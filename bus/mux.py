@@ -66,6 +66,8 @@ SHARED = frozenset(
 ) | {"SCRIPT LOAD", "SCRIPT EXISTS"}
 
 _ReadOnly = redis.exceptions.ReadOnlyError
+# Commands whose replies redis-py passes through as they are (it has no callback for them).
+_SCRIPT_CALLS = frozenset({"FCALL", "EVALSHA"})
 # Replies owed above which the commands of a loop turn share one write (`_Link.send`), and the most
 # commands one such write waits for: a turn that runs hundreds of tasks' steps (1,000 tasks starting
 # at once) would otherwise hold its first commands back until its end, with Redis idle meanwhile.
@@ -280,7 +282,9 @@ class Multiplexer:
             if EMPTY_RESPONSE in options:
                 return options[EMPTY_RESPONSE]
             raise reply
-        if name not in self.client.response_callbacks:  # scripts, most reads: no coroutine more per reply
+        # Scripts (no callback in redis-py: a set lookup instead of its case-insensitive dict's),
+        # most reads: no coroutine more per reply.
+        if name in _SCRIPT_CALLS or name not in self.client.response_callbacks:
             return reply
         return await self._parsed(name, reply, options)
 

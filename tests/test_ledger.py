@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import pickle
 import random
@@ -317,7 +316,7 @@ async def test_a_reservation_of_the_earlier_layout_still_settles_and_expires(red
     await ledger.open("g", 10_000, [PoolRef("tenant:t", 50_000)])
     res = await ledger.reserve("g", 100, 900)
     await _as_earlier_version(redis, keys, res, res.expires_at)
-    old = dataclasses.replace(res, entry="")
+    old = res._replace(entry="")
     assert await ledger.settle(old, Usage(input_tokens=120, output_tokens=30))
     assert not await ledger.settle(old, Usage(input_tokens=120, output_tokens=30))  # idempotent
     gone = await ledger.reserve("g", 0, 500)

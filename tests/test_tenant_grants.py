@@ -4,7 +4,6 @@ the tenant's settings change. The pool's books stay exact whenever they are read
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from datetime import UTC, datetime
 
@@ -204,7 +203,7 @@ async def test_an_older_workers_call_is_booked_on_the_pool_once(
     await redis.zadd(keys.ledger_expiry(), {member: 9e9})
     r = await ledger.reserve("g", 100, 100, model="m")  # the goal's first grant
     await ledger.settle(r, Usage(input_tokens=100, output_tokens=100), model="m")
-    old = dataclasses.replace(r, id="old1", entry=member, amount=300, cost_micro=0)
+    old = r._replace(id="old1", entry=member, amount=300, cost_micro=0)
     assert await ledger.settle(old, Usage(input_tokens=100, output_tokens=100), model="m")
     r = await ledger.reserve("g", 10, 10, model="m")
     await ledger.settle(r, Usage(input_tokens=10, output_tokens=10), model="m")
