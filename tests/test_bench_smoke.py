@@ -139,8 +139,9 @@ def test_speedup_reports_each_target_met_or_not_from_the_run() -> None:
 
 def test_ledger_reports_the_pair_against_its_targets_its_cost_above_a_ping_and_its_floor() -> None:
     """bench.ledger's target table, from the rows of the run: the held pair against 2.2 PINGs and the
-    tenant path's extra, what the pair costs above a PING (the part a faster loopback keeps), and the
-    pair against the least one script can cost for it (`FLOOR_SCRIPT`)."""
+    tenant path's extra, what the pair costs above a PING (the part a faster loopback keeps), the
+    pair against the least one script can cost for it (`FLOOR_SCRIPT`), and what a settle adds to
+    the step write that carries it instead."""
     from bench.ledger import Stats, targets
 
     def s(p50_ms: float, server_us: float) -> Stats:
@@ -154,6 +155,8 @@ def test_ledger_reports_the_pair_against_its_targets_its_cost_above_a_ping_and_i
         "at once|goal + tenant pool, tokens + USD": s(0.084, 36.0),
         "held|goal only": s(0.058, 27.5),
         "held|goal + tenant pool, tokens + USD": s(0.066, 35.0),
+        "step": s(0.030, 3.0),
+        "carry": s(0.049, 21.0),
     }
 
     def table() -> dict[str, list[str]]:
@@ -167,6 +170,9 @@ def test_ledger_reports_the_pair_against_its_targets_its_cost_above_a_ping_and_i
     floor = next(v for k, v in rows.items() if k.startswith("the least one script can cost for a pair here"))
     assert floor[0] == "32 µs, 1.52x PING"
     assert floor[1].startswith("the held pair is 1.81x it: +26 µs of the ledger's own logic, +18.5 µs of it in Redis")
+    carried = rows["an executor's settle carried by its step write instead (`AttemptStore`), 1 client: p50"]
+    assert carried[0] == "+19 µs on that write"
+    assert carried[1].startswith("for comparison: the step write 30 µs alone, 49 µs with the close")
     r["held|goal only"] = s(0.046, 20.0)
     rows = table()
     assert rows["pair p50 <= 2.2x PING p50, 1 client, settle held"][:2] == ["2.19x", "met |"]
