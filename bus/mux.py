@@ -313,11 +313,15 @@ class Multiplexer:
         link.send(data, _Group(future, len(stack)))
         replies = await future
         response: list[Any] = []
+        callbacks = self.client.response_callbacks
         for (args, options), reply in zip(stack, replies, strict=True):
+            name = args[0] if isinstance(args[0], str) else str(args[0])
             if isinstance(reply, _ResponseError):
                 response.append(options[EMPTY_RESPONSE] if EMPTY_RESPONSE in options else reply)
+            elif name in _SCRIPT_CALLS or name not in callbacks:  # as `execute_command`: no coroutine more
+                response.append(reply)
             else:
-                response.append(await self._parsed(str(args[0]), reply, dict(options)))
+                response.append(await self._parsed(name, reply, dict(options)))
         if raise_on_error:
             pipe.raise_first_error(stack, response)
         return response
