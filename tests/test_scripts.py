@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import tomllib
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -55,11 +56,15 @@ async def test_a_script_the_server_does_not_know_is_loaded_and_run(redis: ArqRed
 
 
 @pytest.fixture
-def own_library(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+async def own_library(redis: ArqRedis, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[dict[str, str]]:
     """A library of the ledger's sweep under a name of its own, registered for this test only (a
-    script's text maps to one function per process, and this text is also the ledger's sweep)."""
+    script's text maps to one function per process, and this text is also the ledger's sweep);
+    deleted from the server afterwards (where the server has Functions)."""
     monkeypatch.setattr(scripts, "_FUNCTIONS", dict(scripts._FUNCTIONS))
-    return library("scriptstest", "ledger_lib", {"sweep": ("ledger_sweep",)})
+    own = library("scriptstest", "ledger_lib", {"sweep": ("ledger_sweep",)})
+    yield own
+    with contextlib.suppress(ResponseError):
+        await redis.execute_command("FUNCTION", "DELETE", scripts._FUNCTIONS[own["sweep"]].library)
 
 
 async def test_a_library_script_runs_as_its_function_and_its_library_is_loaded_again_when_lost(
@@ -72,31 +77,55 @@ async def test_a_library_script_runs_as_its_function_and_its_library_is_loaded_a
     assert script.function is not None and script.function.name.startswith("taskloom_scriptstest_")
     name = script.function.library
     script_keys = [keys.ledger_open(), keys.ledger_expiry()]
-    major = int(str((await redis.info("server"))["redis_version"]).split(".")[0])
-    try:
-        assert await script(keys=script_keys, args=[10]) == [0]
-        if major < 7:
-            assert script.function is None  # told "unknown command": EVALSHA from now on
-            assert (await redis.script_exists(script.sha)) == [True]
-            return
-        listed = await redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name)
-        assert len(listed) == 1 and script.function is not None
-        await redis.execute_command("FUNCTION", "DELETE", name)  # as a restart without persistence would
-        loads_before = await _function_loads(redis)
-        # Calls in flight that all find it gone: they wait on one load.
-        replies = await asyncio.gather(*(script(keys=script_keys, args=[10]) for _ in range(50)))
-        assert replies == [[0]] * 50
-        assert await _function_loads(redis) - loads_before == 1
-        assert len(await redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name)) == 1
-    finally:
-        if major >= 7:
-            with contextlib.suppress(ResponseError):
-                await redis.execute_command("FUNCTION", "DELETE", name)
+    major = await _major(redis)
+    assert await script(keys=script_keys, args=[10]) == [0]
+    if major < 7:
+        assert script.function is None  # told "unknown command": EVALSHA from now on
+        assert (await redis.script_exists(script.sha)) == [True]
+        return
+    listed = await redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name)
+    assert len(listed) == 1 and script.function is not None
+    await redis.execute_command("FUNCTION", "DELETE", name)  # as a restart without persistence would
+    loads_before = await _function_loads(redis)
+    # Calls in flight that all find it gone: they wait on one load.
+    replies = await asyncio.gather(*(script(keys=script_keys, args=[10]) for _ in range(50)))
+    assert replies == [[0]] * 50
+    assert await _function_loads(redis) - loads_before == 1
+    assert len(await redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name)) == 1
+
+
+async def _calls(redis: ArqRedis, command: str) -> int:
+    """How many times the server ran `command` (`INFO commandstats`, e.g. "fcall", "function|load")."""
+    stats = await redis.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 async def _function_loads(redis: ArqRedis) -> int:
-    stats = await redis.info("commandstats")
-    return int(stats.get("cmdstat_function|load", {}).get("calls", 0))
+    return await _calls(redis, "function|load")
+
+
+async def _major(redis: ArqRedis) -> int:
+    return int(str((await redis.info("server"))["redis_version"]).split(".")[0])
+
+
+async def _damaged_expired_reservation(redis: ArqRedis, keys: Keys) -> None:
+    """An expired reservation of books that hold a word where a number belongs: a sweep fails on it."""
+    await redis.hset(keys.ledger("g"), "reserved", "lots")  # type: ignore[misc]
+    member = "\n".join(["r1", keys.ledger("g"), "10", "0", "-", "-"])
+    await redis.zadd(keys.ledger_expiry(), {member: 1})
+
+
+@contextlib.asynccontextmanager
+async def _user_without_functions(redis: ArqRedis, redis_url: str) -> AsyncIterator[str]:
+    """The URL of a Redis user whose ACL allows scripts but not Functions (FCALL answers NOPERM).
+    Redis 6 has no Functions to forbid (nor the ACL names): there FCALL is an unknown command."""
+    user, password = f"taskloom-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    rules = ["on", f">{password}", "~*", "&*", "+@all", *(["-fcall", "-function"] if await _major(redis) >= 7 else [])]
+    await redis.execute_command("ACL", "SETUSER", user, *rules)
+    try:
+        yield redis_url.replace("redis://", f"redis://{user}:{password}@", 1)
+    finally:
+        await redis.execute_command("ACL", "DELUSER", user)
 
 
 async def test_an_error_inside_a_function_is_the_callers_not_a_missing_function(
@@ -105,15 +134,9 @@ async def test_an_error_inside_a_function_is_the_callers_not_a_missing_function(
     """A script of a library that fails (books that hold no number) raises its own error, whether it
     ran as a function or by EVALSHA; it is not taken for a missing function and run again."""
     script = registered(redis, own_library["sweep"])
-    await redis.hset(keys.ledger("g"), "reserved", "lots")  # type: ignore[misc]
-    member = "\n".join(["r1", keys.ledger("g"), "10", "0", "-", "-"])
-    await redis.zadd(keys.ledger_expiry(), {member: 1})
-    try:
-        with pytest.raises(ResponseError, match="not an integer"):
-            await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10])
-    finally:
-        with contextlib.suppress(ResponseError):
-            await redis.execute_command("FUNCTION", "DELETE", script.function.library if script.function else "-")
+    await _damaged_expired_reservation(redis, keys)
+    with pytest.raises(ResponseError, match="not an integer"):
+        await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10])
 
 
 async def test_a_user_not_allowed_functions_runs_the_library_by_evalsha(
@@ -121,28 +144,14 @@ async def test_a_user_not_allowed_functions_runs_the_library_by_evalsha(
 ) -> None:
     """A Redis user whose ACL allows scripts but not Functions (FCALL answers NOPERM) still runs a
     library's scripts: by EVALSHA, the same text."""
-    user, password = f"taskloom-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    major = int(str((await redis.info("server"))["redis_version"]).split(".")[0])
-    # Redis 6 has no Functions to forbid (nor the ACL names): there FCALL is an unknown command.
-    rules = ["on", f">{password}", "~*", "&*", "+@all", *(["-fcall", "-function"] if major >= 7 else [])]
-    await redis.execute_command("ACL", "SETUSER", user, *rules)
-    try:
-        url = redis_url.replace("redis://", f"redis://{user}:{password}@", 1)
-        async with connect(url, tmp_path) as limited:
-            script = registered(limited, own_library["sweep"])
-            assert await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10]) == [0]
-            assert script.function is None
-            assert await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10]) == [0]
-    finally:
-        await redis.execute_command("ACL", "DELUSER", user)
+    async with _user_without_functions(redis, redis_url) as url, connect(url, tmp_path) as limited:
+        script = registered(limited, own_library["sweep"])
+        assert await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10]) == [0]
+        assert script.function is None
+        assert await script(keys=[keys.ledger_open(), keys.ledger_expiry()], args=[10]) == [0]
 
 
 # -- in a pipeline (`bus.batch`) ---------------------------------------------------------------------
-
-
-async def _fcalls(redis: ArqRedis) -> int:
-    stats = await redis.info("commandstats")
-    return int(stats.get("cmdstat_fcall", {}).get("calls", 0))
 
 
 async def test_a_library_script_in_a_pipeline_runs_as_its_function_and_only_the_lost_call_runs_again(
@@ -158,24 +167,19 @@ async def test_a_library_script_in_a_pipeline_runs_as_its_function_and_only_the_
     count = registered(redis, "return redis.call('INCR', KEYS[1])")
     counter = f"{keys.prefix}counter"
     calls = [ScriptCall(script, [keys.ledger_open(), keys.ledger_expiry()], [10]), ScriptCall(count, [counter], [])]
-    major = int(str((await redis.info("server"))["redis_version"]).split(".")[0])
-    try:
-        fcalls = await _fcalls(redis)
-        assert await run_scripts(redis, calls) == [[0], 1]
-        if major < 7:
-            assert script.function is None  # told "unknown command": EVALSHA from now on
-            assert await run_scripts(redis, calls) == [[0], 2]
-            return
-        assert script.function is not None and await _fcalls(redis) > fcalls
-        await redis.execute_command("FUNCTION", "DELETE", name)  # as a restart without persistence would
-        loads = await _function_loads(redis)
+    major = await _major(redis)
+    fcalls = await _calls(redis, "fcall")
+    assert await run_scripts(redis, calls) == [[0], 1]
+    if major < 7:
+        assert script.function is None  # told "unknown command": EVALSHA from now on
         assert await run_scripts(redis, calls) == [[0], 2]
-        assert await _function_loads(redis) - loads == 1
-        assert len(await redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name)) == 1
-    finally:
-        if major >= 7:
-            with contextlib.suppress(ResponseError):
-                await redis.execute_command("FUNCTION", "DELETE", name)
+        return
+    assert script.function is not None and await _calls(redis, "fcall") > fcalls
+    await redis.execute_command("FUNCTION", "DELETE", name)  # as a restart without persistence would
+    loads = await _function_loads(redis)
+    assert await run_scripts(redis, calls) == [[0], 2]
+    assert await _function_loads(redis) - loads == 1
+    assert len(await redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", name)) == 1
 
 
 async def test_a_library_scripts_own_error_in_a_pipeline_is_its_reply_and_nothing_runs_again(
@@ -186,17 +190,11 @@ async def test_a_library_scripts_own_error_in_a_pipeline_is_its_reply_and_nothin
     script = registered(redis, own_library["sweep"])
     count = registered(redis, "return redis.call('INCR', KEYS[1])")
     counter = f"{keys.prefix}counter"
-    await redis.hset(keys.ledger("g"), "reserved", "lots")  # type: ignore[misc]
-    member = "\n".join(["r1", keys.ledger("g"), "10", "0", "-", "-"])
-    await redis.zadd(keys.ledger_expiry(), {member: 1})
-    try:
-        sweep = ScriptCall(script, [keys.ledger_open(), keys.ledger_expiry()], [10])
-        failed, counted = await run_scripts(redis, [sweep, ScriptCall(count, [counter], [])])
-        assert isinstance(failed, ResponseError) and "not an integer" in str(failed)
-        assert counted == 1 and await redis.get(counter) == b"1"
-    finally:
-        with contextlib.suppress(ResponseError):
-            await redis.execute_command("FUNCTION", "DELETE", script.function.library if script.function else "-")
+    await _damaged_expired_reservation(redis, keys)
+    sweep = ScriptCall(script, [keys.ledger_open(), keys.ledger_expiry()], [10])
+    failed, counted = await run_scripts(redis, [sweep, ScriptCall(count, [counter], [])])
+    assert isinstance(failed, ResponseError) and "not an integer" in str(failed)
+    assert counted == 1 and await redis.get(counter) == b"1"
 
 
 async def test_a_user_not_allowed_functions_runs_a_pipelined_library_script_by_evalsha(
@@ -204,18 +202,10 @@ async def test_a_user_not_allowed_functions_runs_a_pipelined_library_script_by_e
 ) -> None:
     """In a pipeline too, a user whose ACL forbids Functions runs a library's script by EVALSHA
     (loaded first: this client never ran it)."""
-    user, password = f"taskloom-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    major = int(str((await redis.info("server"))["redis_version"]).split(".")[0])
-    rules = ["on", f">{password}", "~*", "&*", "+@all", *(["-fcall", "-function"] if major >= 7 else [])]
-    await redis.execute_command("ACL", "SETUSER", user, *rules)
-    try:
-        url = redis_url.replace("redis://", f"redis://{user}:{password}@", 1)
-        async with connect(url, tmp_path) as limited:
-            await limited.script_flush()
-            script = registered(limited, own_library["sweep"])
-            call = ScriptCall(script, [keys.ledger_open(), keys.ledger_expiry()], [10])
-            assert await run_scripts(limited, [call]) == [[0]]
-            assert script.function is None
-            assert await run_scripts(limited, [call]) == [[0]]
-    finally:
-        await redis.execute_command("ACL", "DELUSER", user)
+    async with _user_without_functions(redis, redis_url) as url, connect(url, tmp_path) as limited:
+        await limited.script_flush()
+        script = registered(limited, own_library["sweep"])
+        call = ScriptCall(script, [keys.ledger_open(), keys.ledger_expiry()], [10])
+        assert await run_scripts(limited, [call]) == [[0]]
+        assert script.function is None
+        assert await run_scripts(limited, [call]) == [[0]]
