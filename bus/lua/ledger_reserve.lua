@@ -223,11 +223,13 @@ for _, b in ipairs(books) do
     local extra = key == KEYS[1] and goal_extra
     if fcost == 0 and not extra then
       redis.call('HSET', key, 'reserved', reserved, 'open', open)
-    elseif not extra then
-      redis.call('HSET', key, 'reserved', reserved, 'open', open, 'reserved_micro', int_of(raw[3], key, 'reserved_micro') + fcost)
     else
-      redis.call('HSET', key, 'reserved', reserved, 'open', open, 'reserved_micro', int_of(raw[3], key, 'reserved_micro') + fcost,
-                 extra[1], extra[2])
+      local micro = int_of(raw[3], key, 'reserved_micro') + fcost
+      if not extra then
+        redis.call('HSET', key, 'reserved', reserved, 'open', open, 'reserved_micro', micro)
+      else
+        redis.call('HSET', key, 'reserved', reserved, 'open', open, 'reserved_micro', micro, extra[1], extra[2])
+      end
     end
   end
 end
