@@ -421,11 +421,29 @@ def spawn_worker(role: str, env: dict[str, str], log: Path) -> subprocess.Popen[
     return spawn(["-m", "taskloom", "worker", role], env, log)
 
 
+# `BENCH_PYSPY=DIR`: py-spy samplers of the measured window, one per worker (pid -> sampler).
+_samplers: dict[int, subprocess.Popen[bytes]] = {}
+
+
 def profile_from_now(procs: Iterable[subprocess.Popen[bytes]]) -> None:
-    """Start the profilers of workers spawned under `BENCH_PROFILE` (the measured window begins)."""
+    """Start the profilers of workers spawned under `BENCH_PROFILE` (the measured window begins).
+
+    `BENCH_PYSPY=DIR` instead samples each worker with py-spy (`BENCH_PYSPY_RATE` per second, 100 by
+    default; non-blocking, so nothing is added to the worker's CPU, unlike cProfile's cost per
+    call) into DIR/<pid>.txt, as collapsed stacks: one line per stack, its sample count last
+    (`python -m bench.profile --pyspy DIR/*.txt` prints the top entries)."""
     if os.environ.get("BENCH_PROFILE"):
         for p in procs:
             p.send_signal(signal.SIGUSR1)
+    out = os.environ.get("BENCH_PYSPY")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        for p in procs:
+            rate = os.environ.get("BENCH_PYSPY_RATE", "100")
+            args = ["py-spy", "record", "--pid", str(p.pid), "--rate", rate, "--format", "raw", "--nonblocking"]
+            args += ["--output", str(Path(out) / f"{p.pid}.txt")]
+            _samplers[p.pid] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.3)  # py-spy attaches before the window's work begins
 
 
 def profile_until_now(procs: Iterable[subprocess.Popen[bytes]]) -> None:
@@ -433,6 +451,11 @@ def profile_until_now(procs: Iterable[subprocess.Popen[bytes]]) -> None:
     if os.environ.get("BENCH_PROFILE"):
         for p in procs:
             p.send_signal(signal.SIGUSR2)
+    for p in procs:
+        sampler = _samplers.pop(p.pid, None)
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            sampler.wait(30)
 
 
 def stop(procs: Iterable[subprocess.Popen[bytes] | None]) -> None:

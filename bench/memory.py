@@ -92,12 +92,13 @@ async def run(url: str, tasks: int, delay: float) -> str:
                 idle = status_kb(proc.pid)
                 profile_from_now([proc])
                 cpu0, own0 = cpu_s(proc.pid), time.process_time()
-                t0 = time.perf_counter()
+                t0, m0 = time.perf_counter(), time.monotonic()
                 for job in jobs:
                     await client.jobs.enqueue(job)
                 t_enqueued = time.perf_counter() - t0
                 waiting = await wait_requests(fake, tasks, 60)
                 t_first = time.perf_counter() - t0
+                arrivals = sorted(r.at - m0 for r in fake.message_requests if len(r.messages) == 1)  # first calls
                 cpu_first = cpu_s(proc.pid) - cpu0
                 own_first = time.process_time() - own0  # this process: the enqueues and the fake server
                 profile_until_now([proc])
@@ -115,7 +116,7 @@ async def run(url: str, tasks: int, delay: float) -> str:
             finally:
                 stop([proc, arq])
     window = (t_first, cpu_first, t_enqueued, own_first)
-    return report(where, tasks, delay, idle, loaded, second, arq_idle, waiting, *window)
+    return report(where, tasks, delay, idle, loaded, second, arq_idle, waiting, *window, arrivals)
 
 
 async def wait_requests(fake: FakeAnthropicServer, n: int, timeout: float) -> int:
@@ -140,6 +141,7 @@ def report(
     cpu_first: float,
     t_enqueued: float,
     own_first: float,
+    arrivals: list[float],
 ) -> str:
     def mb(kb: int) -> str:
         return f"{kb / 1024:.1f}"
@@ -153,7 +155,8 @@ def report(
             f"answered after {delay:g} s; all {waiting} first calls in flight {t_first:.1f} s after the enqueue "
             f"(executor CPU meanwhile: {cpu_first:.1f} s, {1000 * cpu_first / tasks:.1f} ms per task; "
             f"the last job enqueued after {t_enqueued:.1f} s; "
-            f"the bench's own CPU, fake server included: {own_first:.1f} s)",
+            f"the bench's own CPU, fake server included: {own_first:.1f} s); "
+            f"first calls in flight after (s): {_quarters(arrivals)}",
             "",
             "| process | VmRSS MB | VmHWM (peak) MB | threads |",
             "| --- | ---: | ---: | ---: |",
@@ -177,6 +180,14 @@ def report(
             f"| peak memory <= {PEAK_MB:g} MB | {mb(peak)} MB | {'met' if peak / 1024 <= PEAK_MB else '**not met**'} |",
         ]
     )
+
+
+def _quarters(arrivals: list[float]) -> str:
+    """When a tenth, a quarter, half, three quarters and all of the first calls had arrived."""
+    if not arrivals:
+        return "none"
+    marks = ((0.1, "10%"), (0.25, "25%"), (0.5, "50%"), (0.75, "75%"), (1.0, "all"))
+    return ", ".join(f"{name} {arrivals[max(0, round(q * len(arrivals)) - 1)]:.2f}" for q, name in marks)
 
 
 # Issue 32's targets for `--tasks 1000` (printed for any count: fewer tasks make them easier).

@@ -8,6 +8,11 @@ Several files are added up (the worker processes of one run). `--per`: the jobs 
 ran, to give each entry per job; without it, total ms. cProfile's own cost per call inflates
 call-heavy code, so read the shares against each other and the /proc CPU of unprofiled runs for
 the totals.
+
+    python -m bench.profile --pyspy [--top 15] DIR/*.txt
+
+The same benchmarks under `BENCH_PYSPY=DIR` sample their workers with py-spy instead (no cost per
+call); this prints the frames the samples were in, by share.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import argparse
 import pstats
 import sysconfig
+from collections import Counter
+from pathlib import Path
 
 from bench._harness import REPO
 
@@ -77,6 +84,30 @@ def areas(files: list[str], per: int | None, unit: str = "job") -> str:
     return "\n".join(out)
 
 
+def sampled(files: list[str], top: int) -> str:
+    """The top leaf frames of py-spy's collapsed stacks (`BENCH_PYSPY`): the share of the samples
+    each frame was running in, its own code (or the C it called: a socket's send is its caller's).
+    Threads that only wait (the tool threads' queue) are left out; py-spy does not tell a thread
+    waiting in C from one computing, so they would swell the count without being CPU."""
+    leaves: Counter[str] = Counter()
+    for name in files:
+        for line in Path(name).read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit() or any(idle in stack for idle in IDLE_FRAMES):
+                continue
+            leaves[stack.rsplit(";", 1)[-1].strip() or "(no Python frame)"] += int(count)
+    total = sum(leaves.values())
+    out = ["| # | frame | samples | share of samples |", "| ---: | --- | ---: | ---: |"]
+    for i, (frame, n) in enumerate(leaves.most_common(top), 1):
+        out.append(f"| {i} | `{frame}` | {n} | {n / total:.1%} |")
+    out.append(f"| | all samples | {total} | 100% |")
+    return "\n".join(out)
+
+
+# Frames of threads that sit waiting for work (the executor's tool threads, asyncio's executor).
+IDLE_FRAMES = ("_DaemonThreads._work", "concurrent/futures/thread.py")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+")
@@ -84,8 +115,14 @@ def main() -> None:
     parser.add_argument("--per", type=int, default=None, help="jobs (or goals) the profiled processes ran")
     parser.add_argument("--unit", default="job")
     parser.add_argument("--areas", action="store_true", help="self time by area (SDK, redis-py, asyncio, ...)")
+    parser.add_argument("--pyspy", action="store_true", help="the files are py-spy's collapsed stacks (BENCH_PYSPY)")
     args = parser.parse_args()
-    print(areas(args.files, args.per, args.unit) if args.areas else table(args.files, args.top, args.per, args.unit))
+    if args.pyspy:
+        print(sampled(args.files, args.top))
+    elif args.areas:
+        print(areas(args.files, args.per, args.unit))
+    else:
+        print(table(args.files, args.top, args.per, args.unit))
 
 
 if __name__ == "__main__":

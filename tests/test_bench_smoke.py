@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,8 @@ import pytest
 import bench.testing_kit
 import bench.tokens
 from bench._harness import Responder, goal_text, plan_for, role_of
+from bench.memory import _quarters
+from bench.profile import sampled
 from llm.testing import RecordedRequest, Reply
 from planner.prompts import PLAN_TOOL
 from planner.prompts import SYSTEM as PLANNER_SYSTEM
@@ -296,3 +299,23 @@ def test_critical_splits_a_goals_excess_over_its_bound_into_phases_from_its_log(
     assert sum(got.values()) == pytest.approx(0.880 - 4 * 0.2, abs=1e-4)
     with pytest.raises(ValueError, match=r"no plan\.stored event"):
         phases(events["g2"], 1_000.0, 1_000.880, delay=0.2)
+
+
+def test_sampled_profile_counts_leaf_frames_and_leaves_idle_threads_out(tmp_path: Path) -> None:
+    stacks = tmp_path / "123.txt"
+    stacks.write_text(
+        "main (a.py:1);send (mux.py:9) 6\n"
+        "main (a.py:1);parse (b.py:2) 3\n"
+        "run (threading.py:1);_DaemonThreads._work (executor/toolkit.py:114) 90\n"
+        "main (a.py:1);send (mux.py:9) 1\n"
+    )
+    out = sampled([str(stacks)], top=5)
+    assert "| 1 | `send (mux.py:9)` | 7 | 70.0% |" in out
+    assert "| 2 | `parse (b.py:2)` | 3 | 30.0% |" in out
+    assert "_DaemonThreads" not in out and "| | all samples | 10 | 100% |" in out
+
+
+def test_first_call_quarters_name_when_each_share_had_arrived() -> None:
+    arrivals = [i / 10 for i in range(1, 101)]  # 100 calls, the n-th at n/10 s
+    assert _quarters(arrivals) == "10% 1.00, 25% 2.50, 50% 5.00, 75% 7.50, all 10.00"
+    assert _quarters([]) == "none"
