@@ -366,6 +366,11 @@ def build_runtime(
 ) -> Runtime:
     """`model`: one model for every role and goal (tests), or the router of `make_models`."""
     ledger = make_ledger(settings, redis)
+    # The price of every model built so far is looked up now, not at its first call: a price from
+    # genai-prices loads that library's table (about 0.1 s of CPU), which would otherwise stall
+    # the event loop, and every job on it, in the middle of the first calls.
+    for built in model.built() if isinstance(model, ModelRouter) else [model]:
+        ledger.prices.priced(built.model)
     keys = keys_for(settings)
     limits = settings.all_rate_limits()
     degrade = None

@@ -89,6 +89,15 @@ def tool_results(req: RecordedRequest) -> list[dict[str, Any]]:
     return [b for b in last["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
 
 
+async def test_the_runtime_looks_its_models_prices_up_before_any_call(
+    redis: ArqRedis, settings: Settings, model: AnthropicModel
+) -> None:
+    """A price from genai-prices loads its table once (about 0.1 s of CPU): at start-up, not in the
+    middle of the first model calls, where it would stall every job on the event loop."""
+    rt = build_runtime(settings, redis, model, REGISTRY)
+    assert model.model in rt.ledger.prices._tiers  # resolved (this id is unpriced) before any call
+
+
 async def test_parallel_read_only_calls_overlap_and_answer_in_one_message(
     redis: ArqRedis, keys: Keys, settings: Settings, model: AnthropicModel, fake: FakeAnthropicServer
 ) -> None:
