@@ -366,17 +366,20 @@ def build_runtime(
 ) -> Runtime:
     """`model`: one model for every role and goal (tests), or the router of `make_models`."""
     ledger = make_ledger(settings, redis)
-    # The price of every model built so far is looked up now, not at its first call: a price from
-    # genai-prices loads that library's table (about 0.1 s of CPU), which would otherwise stall
-    # the event loop, and every job on it, in the middle of the first calls.
-    for built in model.built() if isinstance(model, ModelRouter) else [model]:
-        ledger.prices.priced(built.model)
     keys = keys_for(settings)
     limits = settings.all_rate_limits()
+    built = model.built() if isinstance(model, ModelRouter) else [model]
     degrade = None
     if settings.fallback_model is not None:
         router = model if isinstance(model, ModelRouter) else make_models(settings)
-        degrade = Degrade(router.model(settings.fallback_model), settings.degrade_at)
+        fallback = router.model(settings.fallback_model)
+        built.append(fallback)
+        degrade = Degrade(fallback, settings.degrade_at)
+    # The price of every model built so far is looked up now, not at its first call: a price from
+    # genai-prices loads that library's table (about 0.1 s of CPU), which would otherwise stall
+    # the event loop, and every job on it, in the middle of the first calls.
+    for m in built:
+        ledger.prices.priced(m.model)
     breaker = Breaker(
         redis,
         keys,

@@ -96,6 +96,9 @@ async def test_the_runtime_looks_its_models_prices_up_before_any_call(
     middle of the first model calls, where it would stall every job on the event loop."""
     rt = build_runtime(settings, redis, model, REGISTRY)
     assert model.model in rt.ledger.prices._tiers  # resolved (this id is unpriced) before any call
+    # The fallback model past `degrade_at` too, built for the runtime.
+    rt = build_runtime(settings.model_copy(update={"fallback_model": "demo"}), redis, model, REGISTRY)
+    assert {model.model, "demo"} <= rt.ledger.prices._tiers.keys()
 
 
 async def test_parallel_read_only_calls_overlap_and_answer_in_one_message(
