@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
@@ -254,6 +254,13 @@ class TaskRecord(_Model):
     feedback: str | None = Field(default=None, description="the critic's feedback for the next attempt")
     updated_at: datetime = Field(default_factory=utcnow)
 
+
+class TaskProgress(NamedTuple):
+    """Where a task stands, without the rest of its record: what the critic's checks of a whole plan
+    read (`Store.get_progress`: every result in review, every task accepted)."""
+
+    state: TaskState
+    attempt: int
 
 
 class TaskResult(_Model):

@@ -6,10 +6,14 @@ Every parser names the key it read in the `CorruptRecord` it raises for a value 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from .replies import as_str
-from .schemas import GoalRecord, StoredPlan, TaskRecord, TaskResult
+from .schemas import GoalRecord, StoredPlan, TaskProgress, TaskRecord, TaskResult, TaskState
 from .store_errors import IllegalTransition, NotFound, StaleWrite, corrupt
 
 
@@ -61,6 +65,35 @@ def task_from_hash(key: str, goal_id: str, task_id: str, raw: dict[Any, Any]) ->
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise corrupt("task", key, exc) from None
+
+
+_PROGRESS_ERROR = re.compile(r"task record (\d+): (.*)", re.S)
+
+
+def progress_from_reply(keys: Sequence[str], ids: Sequence[str], reply: Any) -> dict[str, TaskProgress]:
+    """The reply of store_progress.lua for the task hashes `keys` (of tasks `ids`, in order) as each
+    task's progress; a task without a record is left out. Raises `CorruptRecord` naming the key
+    whose hash is not a task's (no hash, no state, a state or attempt that does not parse)."""
+    if isinstance(reply, ResponseError):
+        m = _PROGRESS_ERROR.search(str(reply))
+        if m is None or not 1 <= int(m.group(1)) <= len(keys):
+            raise corrupt("task", ", ".join(keys), reply)
+        raise corrupt("task", keys[int(m.group(1)) - 1], ResponseError(m.group(2)))
+    if not isinstance(reply, list) or len(reply) != 2 * len(keys):
+        raise corrupt("task", ", ".join(keys), ValueError(f"unexpected reply {reply!r:.200}"))
+    out: dict[str, TaskProgress] = {}
+    for i, tid in enumerate(ids):
+        state, attempt = reply[2 * i], reply[2 * i + 1]
+        if state is None:
+            continue
+        try:
+            n = int(as_str(attempt)) if attempt is not None else 0
+            if n < 0:
+                raise ValueError(f"attempt {n} is negative")
+            out[tid] = TaskProgress(TaskState(as_str(state)), n)
+        except ValueError as exc:
+            raise corrupt("task", keys[i], exc) from None
+    return out
 
 
 def plan_from_json(key: str, raw: bytes | str) -> StoredPlan:

@@ -12,17 +12,28 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from typing import Protocol
 
 from redis.asyncio import Redis
 
 from .keys import Keys
-from .schemas import FinalVerdict, Plan, TaskRecord, TaskState
+from .schemas import FinalVerdict, Plan, TaskState
 
 # Task states whose current attempt has a result that is, or may yet be, accepted.
 REVIEWED_OR_DONE = frozenset({TaskState.REVIEWING, TaskState.DONE})
 
 
-def attempts_key(plan: Plan, records: Mapping[str, TaskRecord], states: frozenset[TaskState]) -> str | None:
+class Progress(Protocol):
+    """What the keys below read of a task: a whole `TaskRecord`, or only its `TaskProgress`."""
+
+    @property
+    def state(self) -> TaskState: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+
+def attempts_key(plan: Plan, records: Mapping[str, Progress], states: frozenset[TaskState]) -> str | None:
     """A short digest of `task:attempt` for every task of `plan`, when each task is in one of
     `states` (else None): the identity of the results a final answer is written from."""
     pairs = []
@@ -34,12 +45,12 @@ def attempts_key(plan: Plan, records: Mapping[str, TaskRecord], states: frozense
     return hashlib.sha256(",".join(pairs).encode()).hexdigest()[:16]
 
 
-def speculation_key(plan: Plan, records: Mapping[str, TaskRecord]) -> str | None:
+def speculation_key(plan: Plan, records: Mapping[str, Progress]) -> str | None:
     """The attempts key when every task has a result in review or accepted (synthesis may start)."""
     return attempts_key(plan, records, REVIEWED_OR_DONE)
 
 
-def accepted_key(plan: Plan, records: Mapping[str, TaskRecord]) -> str | None:
+def accepted_key(plan: Plan, records: Mapping[str, Progress]) -> str | None:
     """The attempts key when every task is accepted (a synthesis for it may conclude the goal)."""
     return attempts_key(plan, records, frozenset({TaskState.DONE}))
 

@@ -23,6 +23,7 @@ from bus.schemas import (
     GoalRecord,
     GoalState,
     StoredPlan,
+    TaskProgress,
     TaskRecord,
     TaskResult,
     TaskSpec,
@@ -118,7 +119,7 @@ async def _speculate(rt: Runtime, goal: GoalRecord, stored: StoredPlan) -> None:
     """Every task of the plan has a result in review or accepted: start the final answer now, for
     exactly these attempts (`bus.synthesis`). Each review job checks after its own task reached
     review, so the last of them always sees them all; they enqueue one job (the id dedupes)."""
-    key = speculation_key(stored.plan, await rt.store.get_tasks(goal.id, stored.plan.task_ids()))
+    key = speculation_key(stored.plan, await rt.store.get_progress(goal.id, stored.plan.task_ids()))
     if key is not None and await rt.jobs.enqueue(
         ReviewGoalJob(goal_id=goal.id, plan_version=stored.version, attempts=key)
     ):
@@ -346,8 +347,11 @@ async def conclude(rt: Runtime, goal_id: str, stored: StoredPlan | None = None) 
     Safe to run any number of times, by anyone: the review that accepts the last task and the job
     that stored the final answer both call it (whichever comes second sees both: each writes its
     part before it reads the other's), and only one of them moves the goal."""
+    # Only where each task stands (state, attempt) is read, not whole records: every review asks
+    # this of every task of the plan.
+    records: dict[str, TaskProgress]
     if stored is not None:  # the goal and the plan's tasks in one round trip
-        goal, records = await rt.store.get_goal_and_tasks(goal_id, stored.plan.task_ids())
+        goal, records = await rt.store.get_goal_and_progress(goal_id, stored.plan.task_ids())
     else:
         goal, records = await rt.store.get_goal(goal_id), {}
     if goal.state not in (GoalState.RUNNING, GoalState.REVIEWING):
@@ -355,7 +359,7 @@ async def conclude(rt: Runtime, goal_id: str, stored: StoredPlan | None = None) 
     if stored is None or stored.version != goal.plan_version:
         # A caller's plan from before a replan must not conclude the new one.
         stored = await rt.store.get_plan(goal_id, goal.plan_version)
-        records = await rt.store.get_tasks(goal_id, stored.plan.task_ids())
+        records = await rt.store.get_progress(goal_id, stored.plan.task_ids())
     key = accepted_key(stored.plan, records)
     if key is None:
         return "not_done"

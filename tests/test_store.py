@@ -7,11 +7,12 @@ import asyncio
 import pytest
 from arq.connections import ArqRedis, create_pool
 
+from bus import mux
 from bus.attempts import AttemptStore
 from bus.connection import redis_settings
 from bus.events import EventLog
 from bus.keys import Keys
-from bus.schemas import Goal, GoalRecord, GoalState, Plan, TaskResult, TaskSpec, TaskState
+from bus.schemas import Goal, GoalRecord, GoalState, Plan, TaskProgress, TaskResult, TaskSpec, TaskState
 from bus.store import CorruptRecord, IllegalTransition, NotFound, StaleWrite, Store
 
 
@@ -169,6 +170,67 @@ async def test_a_goal_read_with_the_tasks_of_its_plan(redis: ArqRedis, keys: Key
     assert handed == goal and list(again) == ["a"]
     with pytest.raises(NotFound):
         await store.get_goal_and_tasks("g2", ["a"])
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["pool", "shared connection"])
+async def test_the_progress_of_a_plans_tasks(redis: ArqRedis, keys: Keys, redis_url: str, shared: bool) -> None:
+    """`get_progress` and `get_goal_and_progress`: each task's state and attempt as its whole record
+    says, a task without a record left out, the goal as `get_goal` reads it (also from the job's
+    hand-over), and NotFound for a goal that does not exist; through the pool and through the
+    shared connection a worker uses (`bus.mux`), whose replies are shaped differently."""
+    client = await create_pool(redis_settings(redis_url)) if shared else redis
+    if shared:
+        assert mux.attach(client) is not None
+    try:
+        store = Store(client, keys)
+        await _goal(store)
+        await store.save_plan("g1", _plan("a", "b", "c"), expected_version=0)
+        await store.transition_task("g1", "b", TaskState.READY, attempt=1)
+        await store.transition_task("g1", "b", TaskState.RUNNING, attempt=2)
+        records = await store.get_tasks("g1", ["a", "b", "c"])
+        progress = await store.get_progress("g1", ["c", "b", "a", "nope"])
+        assert progress == {t: TaskProgress(r.state, r.attempt) for t, r in records.items()}
+        assert progress["b"] == TaskProgress(TaskState.RUNNING, 2) and progress["a"].attempt == 0
+        goal, again = await store.get_goal_and_progress("g1", ["b", "nope"])
+        assert goal == await store.get_goal("g1") and again == {"b": progress["b"]}
+        fresh = Store(client, keys)  # knows no deadline yet: its check reads the goal and hands it over
+        assert not await fresh.expire_if_late("g1", hand_over=True)
+        handed, kept = await fresh.get_goal_and_progress("g1", ["a"])
+        assert handed == goal and kept == {"a": progress["a"]}
+        assert await store.get_progress("g1", []) == {}
+        with pytest.raises(NotFound):
+            await store.get_goal_and_progress("g2", ["a"])
+    finally:
+        if shared:
+            await client.aclose()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        ("SET", "not a hash"),
+        ("HSET", "attempt", "1"),
+        ("HSET", "state", "bogus", "attempt", "1"),
+        ("HSET", "state", "done", "attempt", "-1"),
+        ("HSET", "state", "done", "attempt", "two"),
+    ],
+    ids=["no hash", "no state", "unknown state", "negative attempt", "attempt not a number"],
+)
+async def test_a_damaged_task_record_is_named_by_the_progress_read(
+    redis: ArqRedis, keys: Keys, damage: tuple[str, ...]
+) -> None:
+    """A task key that holds no task record makes the progress read raise CorruptRecord naming that
+    key (not another task's), whichever of the plan's tasks it is."""
+    store = Store(redis, keys)
+    await _goal(store)
+    await store.save_plan("g1", _plan("a", "b", "c"), expected_version=0)
+    key = keys.task("g1", "b")
+    await redis.delete(key)
+    await redis.execute_command(damage[0], key, *damage[1:])
+    for read in (store.get_progress("g1", ["a", "b", "c"]), store.get_goal_and_progress("g1", ["c", "b"])):
+        with pytest.raises(CorruptRecord) as exc:
+            await read
+        assert exc.value.key == key
 
 
 async def test_fifty_sibling_transitions_from_separate_connections_lose_nothing(
