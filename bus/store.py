@@ -191,23 +191,6 @@ class Store:
             raise corrupt("results", self.keys.results(goal_id), raw)
         return goal, task, self.parse_result(goal_id, task_id, result_of, raw)
 
-    async def get_goal_and_tasks(self, goal_id: str, ids: Iterable[str]) -> tuple[GoalRecord, dict[str, TaskRecord]]:
-        """`get_goal` and `get_tasks(goal_id, ids)` in one round trip."""
-        wanted = sorted(set(ids))
-
-        def reads(pipe: Any) -> None:
-            for tid in wanted:
-                pipe.hgetall(self._task_key(goal_id, tid))
-
-        goal, rows = await self._goal_with(goal_id, reads)
-        tasks: dict[str, TaskRecord] = {}
-        for tid, raw in zip(wanted, rows, strict=True):
-            if isinstance(raw, ResponseError):
-                raise corrupt("task", self._task_key(goal_id, tid), raw)
-            if raw:
-                tasks[tid] = self._task_record(goal_id, tid, raw)
-        return goal, tasks
-
     async def _goal_with(self, goal_id: str, reads: Any) -> tuple[GoalRecord, list[Any]]:
         """The goal record (from the job's hand-over when it has one, else read) and the replies of
         the reads `reads(pipe)` queues, in one round trip; an error reply is returned, not raised."""

@@ -156,22 +156,6 @@ async def test_a_task_is_read_with_its_goal_and_its_attempts_result(redis: ArqRe
         await store.get_goal_and_task("g1", "zz", result_of=1)
 
 
-async def test_a_goal_read_with_the_tasks_of_its_plan(redis: ArqRedis, keys: Keys) -> None:
-    """`get_goal_and_tasks`: the same records as `get_goal` and `get_tasks(ids)`, also when the
-    goal comes from the job's hand-over (the deadline check's read)."""
-    store = Store(redis, keys)
-    await _goal(store)
-    await store.save_plan("g1", _plan("a", "b"), expected_version=0)
-    goal, tasks = await store.get_goal_and_tasks("g1", ["b", "a", "nope"])
-    assert goal == await store.get_goal("g1") and tasks == await store.get_tasks("g1", ["a", "b"])
-    fresh = Store(redis, keys)  # knows no deadline yet: its check reads the goal and hands it over
-    assert not await fresh.expire_if_late("g1", hand_over=True)
-    handed, again = await fresh.get_goal_and_tasks("g1", ["a"])
-    assert handed == goal and list(again) == ["a"]
-    with pytest.raises(NotFound):
-        await store.get_goal_and_tasks("g2", ["a"])
-
-
 @pytest.mark.parametrize("shared", [False, True], ids=["pool", "shared connection"])
 async def test_the_progress_of_a_plans_tasks(redis: ArqRedis, keys: Keys, redis_url: str, shared: bool) -> None:
     """`get_progress` and `get_goal_and_progress`: each task's state and attempt as its whole record
