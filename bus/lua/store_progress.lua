@@ -1,6 +1,6 @@
 -- The state and attempt of each task hash in KEYS, in one round trip and one consistent view: the
 -- critic asks this of every task of a plan at each review (whether all results are in, whether all
--- are accepted), where reading whole records cost it more than the rest of its decision.
+-- are accepted), and whole records cost it about three times the client CPU (bench/RESULTS.md).
 -- Returns {state1, attempt1, state2, attempt2, ...}: false, false for a task without a record.
 -- A key that holds no hash, or a hash without a state, is an error naming its place in KEYS
 -- ('task record <i>: ...'), so the caller can name the key.
