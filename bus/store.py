@@ -461,6 +461,11 @@ class Store:
         self._plans.put((goal_id, version), plan)
         return plan
 
+    def known_plan(self, goal_id: str, version: int) -> StoredPlan | None:
+        """Plan `version` of the goal when this process has read or stored it already (no round trip)."""
+        known: StoredPlan | None = self._plans.get((goal_id, version))
+        return known
+
     def plan_read(self, goal_id: str, version: int) -> tuple[str, str] | None:
         """The command that reads plan `version` of the goal, to send in a round trip the caller
         makes anyway (then `remember_plan` its reply); None when the plan is known already."""

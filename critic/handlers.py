@@ -9,6 +9,7 @@ was enqueued). A goal that has ended gets no model call.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Literal
 
 import structlog
@@ -31,7 +32,7 @@ from bus.schemas import (
     Verdict,
 )
 from bus.store import IllegalTransition, NotFound, StaleWrite
-from bus.synthesis import Syntheses, accepted_key, speculation_key
+from bus.synthesis import Progress, Syntheses, accepted_key, speculation_key
 from llm.types import ToolUseBlock
 
 from .ask import ask_for_final, ask_for_verdict
@@ -257,11 +258,14 @@ async def review_goal(rt: Runtime, job: ReviewGoalJob) -> None:
     Started speculatively (goal still running, reviews under way) or once all is accepted (goal
     reviewing): the same job id either way, so one model call. Skipped without a call when the
     attempts are no longer current (a review rejected one): the speculation is dropped."""
-    # Read at once: the plan version is the job's (checked against the goal's below).
+    # Read at once: the plan version is the job's (checked against the goal's below). Where this
+    # process knows that plan (its reviews read it), only its tasks' progress is read, in one script;
+    # else every task record of the goal (its ids first: two round trips).
     syntheses = Syntheses(rt.redis, rt.keys)
+    known = rt.store.known_plan(job.goal_id, job.plan_version)
     goal, records, written = await asyncio.gather(
         rt.store.get_goal(job.goal_id),
-        rt.store.get_tasks(job.goal_id),
+        rt.store.get_progress(job.goal_id, known.plan.task_ids()) if known is not None else _all_tasks(rt, job.goal_id),
         syntheses.get(job.goal_id, job.plan_version, job.attempts) if job.attempts else _none(),
     )
     if goal.terminal or goal.plan_version != job.plan_version:
@@ -291,7 +295,11 @@ async def review_goal(rt: Runtime, job: ReviewGoalJob) -> None:
             final = await _write_final(rt, goal, stored, records)
             if final is None:
                 return  # the budget ran out; the goal was stopped
-            await syntheses.save(goal.id, stored.version, key, final)
+            # The first write wins: when another run stored its answer first, that one is read.
+            written = final if await syntheses.save(goal.id, stored.version, key, final) else None
+        # `conclude` need not read again the answer this job wrote or found for these attempts.
+        await conclude(rt, goal.id, stored, (stored.version, key, written) if written is not None else None)
+        return
     await conclude(rt, goal.id, stored)
 
 
@@ -299,8 +307,12 @@ async def _none() -> None:
     return None
 
 
+async def _all_tasks(rt: Runtime, goal_id: str) -> Mapping[str, Progress]:
+    return await rt.store.get_tasks(goal_id)
+
+
 async def _write_final(
-    rt: Runtime, goal: GoalRecord, stored: StoredPlan, records: dict[str, TaskRecord]
+    rt: Runtime, goal: GoalRecord, stored: StoredPlan, records: Mapping[str, Progress]
 ) -> FinalVerdict | None:
     """One model call: the final answer and its verdict; then the goal's machine check, if any."""
     # Each result of the attempts in question, in one read (they are fields of one hash).
@@ -337,10 +349,17 @@ async def _write_final(
 Concluded = Literal["concluded", "final_missing", "not_done"]
 
 
-async def conclude(rt: Runtime, goal_id: str, stored: StoredPlan | None = None) -> Concluded:
+async def conclude(
+    rt: Runtime,
+    goal_id: str,
+    stored: StoredPlan | None = None,
+    written: tuple[int, str, FinalVerdict] | None = None,
+) -> Concluded:
     """End the goal if all is in: every task accepted and, for a wider plan, the final answer
     written for exactly the accepted attempts. Succeeds with the answer, or asks for a new plan.
-    `stored`: the goal's current plan, when the caller has just read it. Returns what it found:
+    `stored`: the goal's current plan, when the caller has just read it. `written`: (plan version,
+    attempts key, final answer) the caller stored, or found stored (not read again when that version
+    is the goal's and those are the accepted attempts). Returns what it found:
     the goal concluded (or had already moved on), every task accepted but no final answer written
     for them yet, or tasks still open.
 
@@ -371,7 +390,10 @@ async def conclude(rt: Runtime, goal_id: str, stored: StoredPlan | None = None) 
             return "not_done"
         final = FinalVerdict(answer=result.answer, passed=True, action="accept", feedback="the task's review")
     else:
-        found = await Syntheses(rt.redis, rt.keys).get(goal_id, stored.version, key)
+        if written is not None and written[:2] == (stored.version, key):
+            found: FinalVerdict | None = written[2]
+        else:
+            found = await Syntheses(rt.redis, rt.keys).get(goal_id, stored.version, key)
         if found is None:
             return "final_missing"
         final = found

@@ -19,8 +19,9 @@ from bus.keys import Keys
 from bus.ledger import Ledger
 from bus.metered import ModelFactory
 from bus.runtime import Limits, Runtime
-from bus.schemas import Event, Goal, GoalRecord, GoalState, Plan, TaskResult, TaskState
-from critic.handlers import review, review_goal
+from bus.schemas import Event, FinalVerdict, Goal, GoalRecord, GoalState, Plan, TaskResult, TaskState
+from bus.synthesis import accepted_key
+from critic.handlers import conclude, review, review_goal
 from llm import DemoModel
 from llm.anthropic import AnthropicModel
 from llm.demo import DEADLINE_DOD, FEEDBACK
@@ -316,6 +317,35 @@ async def test_goal_review_pass_succeeds_with_the_answer(
     *_, verdict_event, succeeded = await rt.events.read("g1")
     assert verdict_event.type == "critic.verdict" and verdict_event.task_id is None
     assert succeeded.type == "goal.state" and succeeded.data["state"] == "succeeded"
+
+
+async def test_a_final_answer_just_written_concludes_without_reading_it_back(
+    redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer
+) -> None:
+    """A critic that knows the plan (its reviews read it) reads only the tasks' progress for the final
+    answer, and hands `conclude` the answer it stored: the goal succeeds with it. `conclude` uses an
+    answer handed to it only for the goal's plan version and its accepted attempts; otherwise it reads
+    the stored one (none here: the final answer is missing)."""
+    rt = runtime(redis, keys, sdk(fake))
+    await reviewing_goal(rt)
+    stored = await rt.store.get_plan("g1", 1)
+    assert rt.store.known_plan("g1", 1) == stored
+    key = accepted_key(stored.plan, await rt.store.get_progress("g1", stored.plan.task_ids()))
+    assert key is not None
+    handed = FinalVerdict(answer="HANDED", passed=True, action="accept", feedback="ok")
+    assert await conclude(rt, "g1", stored, (2, key, handed)) == "final_missing"
+    assert await conclude(rt, "g1", stored, (1, "another-key", handed)) == "final_missing"
+    assert (await rt.store.get_goal("g1")).state is GoalState.REVIEWING
+    fake.enqueue(final("FINAL: the answer is 42", True, "accept", "meets it"))
+    await review_goal(rt, ReviewGoalJob(goal_id="g1", plan_version=1))
+    goal = await rt.store.get_goal("g1")
+    assert goal.state is GoalState.SUCCEEDED and goal.answer == "FINAL: the answer is 42"
+    assert len(fake.message_requests) == 1
+    # Another goal, concluded with an answer handed over and none stored: it is the goal's answer.
+    await redis.delete(*[k async for k in redis.scan_iter(match=f"{keys.prefix}*")])
+    await reviewing_goal(rt)
+    assert await conclude(rt, "g1", stored, (1, key, handed)) == "concluded"
+    assert (await rt.store.get_goal("g1")).answer == "HANDED"
 
 
 async def test_goal_review_fail_replans(redis: ArqRedis, keys: Keys, fake: FakeAnthropicServer) -> None:
