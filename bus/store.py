@@ -88,14 +88,6 @@ class TaskMove:
     call: ScriptCall
 
 
-def _hash_reply(raw: Any) -> dict[Any, Any]:
-    """An HGETALL read's reply as a dict: redis-py's pipelines make one, a flat list is paired up."""
-    if isinstance(raw, dict):
-        return raw
-    it = iter(raw or ())
-    return dict(zip(it, it, strict=True))
-
-
 class Store:
     def __init__(self, redis: Redis, keys: Keys, events_maxlen: int = 10_000) -> None:
         self.redis = redis
@@ -448,7 +440,7 @@ class Store:
     async def get_plan(self, goal_id: str, version: int | None = None) -> StoredPlan:
         if version is None:
             version = (await self.get_goal(goal_id)).plan_version
-        known: StoredPlan | None = self._plans.get((goal_id, version))
+        known = self.known_plan(goal_id, version)
         if known is not None:
             return known  # a stored version is never overwritten (`save_plan` refuses a stale one)
         try:
@@ -526,7 +518,7 @@ class Store:
         (reply,), (goal_raw,) = await run_scripts_and_reads(self.redis, [call], [("HGETALL", self.keys.goal(goal_id))])
         if isinstance(goal_raw, ResponseError):
             raise corrupt("goal", self.keys.goal(goal_id), goal_raw)
-        goal = self._goal_record(goal_id, _hash_reply(goal_raw))
+        goal = self._goal_record(goal_id, goal_raw)  # a dict: redis-py's reply callback for HGETALL
         return goal, progress_from_reply(keys, wanted, reply)
 
     def _task_record(self, goal_id: str, task_id: str, raw: dict[Any, Any]) -> TaskRecord:
