@@ -53,6 +53,7 @@ from llm.errors import (
     RetryableModelError,
     TerminalModelError,
 )
+from llm.keepalive import connection_limits
 from llm.pacing import gulped
 from llm.pairing import check_tool_pairing
 from llm.port import TextSink
@@ -559,12 +560,16 @@ class AnthropicModel:
             "_strict_response_validation": strict_validation,
             "open_telemetry": _sdk_telemetry(),
         }
+        # Idle connections kept 30 s, not the SDK's 5 (llm.keepalive: a fleet's calls come in bursts).
+        limits = connection_limits()
         if http_client_choice(http_client) == "aiohttp":
             # The SDK's aiohttp transport instead of its default httpx one: a model call's CPU is
             # about a third lower, most of all with hundreds of calls in flight (httpcore's pool
             # scans every connection per request and per response; aiohttp's does not), and the
             # request leaves in one write. bench/RESULTS.md, "The SDK's HTTP transport".
-            common["http_client"] = anthropic.DefaultAioHttpClient(timeout=common["timeout"])
+            common["http_client"] = anthropic.DefaultAioHttpClient(timeout=common["timeout"], limits=limits)
+        else:
+            common["http_client"] = anthropic.DefaultAsyncHttpxClient(timeout=common["timeout"], limits=limits)
         # Errors raised while signing or fetching a token (before anything is sent), per provider:
         # (credentials missing or refused -> ModelConfigError, could not reach the credentials source).
         self._auth_errors: tuple[type[BaseException], ...] = ()

@@ -47,6 +47,7 @@ from llm.errors import (
     RetryableModelError,
     TerminalModelError,
 )
+from llm.keepalive import connection_limits
 from llm.pacing import gulped
 from llm.pairing import check_tool_pairing
 from llm.port import TextSink
@@ -535,7 +536,8 @@ class OpenAIModel:
             "api_key": key,
             "max_retries": max_retries,
             "timeout": httpx2.Timeout(timeout, connect=min(timeout, 5.0)),
-            "http_client": _RecordingClient(),
+            # Idle connections kept 30 s, not the SDK's 5 (llm.keepalive: a fleet's calls come in bursts).
+            "http_client": _RecordingClient(limits=connection_limits()),
             "_strict_response_validation": strict_validation,
         }
         self._client: openai.AsyncOpenAI

@@ -37,8 +37,11 @@ from .models import ModelCatalog, load_models_file
 
 ENV_PREFIX = "TASKLOOM_"
 # `TASKLOOM_*` variables that are read elsewhere, not settings: not reported as unknown. The event loop
-# is chosen before any settings are loaded (taskloom.eventloop), the HTTP client where the SDK is built.
-OTHER_VARIABLES = frozenset({"TASKLOOM_TEST_REDIS_URL", "TASKLOOM_EVENT_LOOP", "TASKLOOM_HTTP_CLIENT"})
+# is chosen before any settings are loaded (taskloom.eventloop), the HTTP client and its keep-alive where
+# the SDK is built.
+OTHER_VARIABLES = frozenset(
+    {"TASKLOOM_TEST_REDIS_URL", "TASKLOOM_EVENT_LOOP", "TASKLOOM_HTTP_CLIENT", "TASKLOOM_HTTP_KEEPALIVE"}
+)
 # sun_path of a unix socket holds 108 bytes with its terminating NUL (Linux).
 UNIX_SOCKET_MAX = 107
 # The length of a logged value in an error message.

@@ -24,6 +24,13 @@ class _Server(ThreadingHTTPServer):
     # fan-out, one connection per call in flight) overflowed it, and the kernel dropped their SYNs
     # for the client to retry 1 s, 3 s, 7 s later. A provider's endpoint has a deep backlog.
     request_queue_size = 1024
+    # TCP connections accepted so far: whether clients reuse their kept-alive connections or open
+    # new ones (`LoopbackServer.connections`). Counted on the one thread that accepts them.
+    accepted = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.accepted += 1
+        super().process_request(request, client_address)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that went away mid-request (a worker stopped with calls in flight) is not the
@@ -54,7 +61,7 @@ class LoopbackServer(Generic[ScriptT, RecordT]):
         self._billed = Usage()
         self._ids = itertools.count(1)
         self._closing = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -95,6 +102,11 @@ class LoopbackServer(Generic[ScriptT, RecordT]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+    @property
+    def connections(self) -> int:
+        """TCP connections the server has accepted since it started (a kept-alive one counts once)."""
+        return self._httpd.accepted if self._httpd is not None else 0
 
     @property
     def root_url(self) -> str:
