@@ -61,6 +61,10 @@ class LoopbackServer(Generic[ScriptT, RecordT]):
         self._billed = Usage()
         self._ids = itertools.count(1)
         self._closing = threading.Event()
+        # Seconds after which the server closes a kept-alive connection that sent nothing more, as a
+        # provider's endpoint or its load balancer does; None: kept until the client closes it. Set
+        # before start().
+        self.idle_timeout: float | None = None
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -69,7 +73,7 @@ class LoopbackServer(Generic[ScriptT, RecordT]):
     def start(self) -> Self:
         if self._httpd is not None:
             return self
-        bound = type("_BoundHandler", (self.handler,), {"fake": self})
+        bound = type("_BoundHandler", (self.handler,), {"fake": self, "timeout": self.idle_timeout})
         httpd = _Server((self._host, self._port), bound)
         httpd.daemon_threads = True
         self._httpd = httpd

@@ -77,3 +77,38 @@ async def test_openai_keeps_an_idle_connection_for_the_keepalive(monkeypatch: py
         server.enqueue(*(openai_text_reply(f"reply {i}") for i in range(3)))
         model = OpenAIModel("gpt-test", api_key="sk-test", base_url=server.base_url)
         assert await _connections_after_pauses(model, server) == [1, 1, 2]
+
+
+@pytest.mark.parametrize("provider", ["anthropic/aiohttp", "anthropic/httpx", "openai"])
+async def test_a_connection_the_server_closed_while_idle_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch, provider: str
+) -> None:
+    """An endpoint that closes idle connections sooner than our keep-alive (a load balancer's idle
+    timeout): the next call goes out on a new connection and succeeds, with nothing lost."""
+    monkeypatch.delenv(KEEPALIVE_ENV, raising=False)  # 30 s: far longer than the server keeps it
+    server: FakeAnthropicServer | FakeOpenAIServer
+    model: ModelPort
+    if provider == "openai":
+        server = FakeOpenAIServer()
+        server.enqueue(*(openai_text_reply(f"reply {i}") for i in range(2)))
+    else:
+        server = FakeAnthropicServer()
+        server.enqueue(*(text_reply(f"reply {i}") for i in range(2)))
+    server.idle_timeout = 0.2
+    with server:
+        if provider == "openai":
+            model = OpenAIModel("gpt-test", api_key="sk-test", base_url=server.base_url)
+        else:
+            transport = provider.split("/")[1]
+            model = AnthropicModel(
+                "claude-test", api_key="sk-ant-test", base_url=server.base_url, http_client=transport
+            )
+        try:
+            first = await model.complete(_request())
+            await asyncio.sleep(0.6)  # the server has closed the connection meanwhile
+            second = await model.complete(_request())
+        finally:
+            await model.aclose()  # type: ignore[attr-defined]
+        assert (first.text, second.text) == ("reply 0", "reply 1")
+        assert server.connections == 2
+        assert len(server.requests) == 2
