@@ -384,6 +384,10 @@ def worker_env(bench: Bench, *, poll_delay: float, base_url: str, **extra: str) 
     # its own (TASKLOOM_REDIS_SHARED_CONNECTION; default: the shared connection, bus.mux), for A/B runs.
     if os.environ.get("BENCH_REDIS_SHARED_CONNECTION"):
         env["TASKLOOM_REDIS_SHARED_CONNECTION"] = os.environ["BENCH_REDIS_SHARED_CONNECTION"]
+    # `BENCH_HTTP_KEEPALIVE=5` keeps the workers' idle model connections for the SDKs' own 5 s instead of
+    # taskloom's 30 (TASKLOOM_HTTP_KEEPALIVE), for A/B runs: bench.speedup pauses about 5 s between goals.
+    if os.environ.get("BENCH_HTTP_KEEPALIVE"):
+        env["TASKLOOM_HTTP_KEEPALIVE"] = os.environ["BENCH_HTTP_KEEPALIVE"]
     if os.environ.get("BENCH_GC_PROBE"):
         env["PYTHONPATH"] = os.pathsep.join((str(REPO / "bench" / "gcprobe"), env["PYTHONPATH"]))
     env.update(extra)
