@@ -561,7 +561,7 @@ class AnthropicModel:
             "open_telemetry": _sdk_telemetry(),
         }
         # Idle connections kept 30 s, not the SDK's 5 (llm.keepalive: a fleet's calls come in bursts).
-        limits = connection_limits()
+        limits = connection_limits(anthropic.DEFAULT_CONNECTION_LIMITS)
         if http_client_choice(http_client) == "aiohttp":
             # The SDK's aiohttp transport instead of its default httpx one: a model call's CPU is
             # about a third lower, most of all with hundreds of calls in flight (httpcore's pool

@@ -6,12 +6,14 @@ tasks all start at once, then each waits for its tools, its critic, the next goa
 fleet that pauses between goals reconnects at nearly every burst. Against a real provider a new
 connection is a TCP and a TLS handshake: one or two network round trips and a few milliseconds of
 CPU before the request can leave. On loopback alone it cost a width-8 goal of `bench.speedup` 8-9 new
-connections and about 20 ms of its makespan (bench/RESULTS.md, "Idle connections kept for the next burst").
+connections and 13-16 ms of its makespan (bench/RESULTS.md, "Idle connections kept for the next burst").
 
 `TASKLOOM_HTTP_KEEPALIVE` (seconds, default 30) sets it for every model a process builds. 30 s stays
 under the idle timeouts of the load balancers commonly in front of an API (60 s and more), so the
-server side rarely closes a connection the client still counts on; when it does, the SDK's own
-retry (a connection error is retried like a 5xx) sends the call again on a new one.
+server side rarely closes a connection the client still counts on. When it does close one first,
+the client sees the close and opens a new connection for the next call; only a close racing the
+request itself fails the attempt, which the SDK's own retry (connection errors are retried) sends
+again.
 """
 
 from __future__ import annotations
@@ -26,33 +28,29 @@ from llm.errors import ModelConfigError
 KEEPALIVE_ENV = "TASKLOOM_HTTP_KEEPALIVE"
 DEFAULT_KEEPALIVE = 30.0
 MAX_KEEPALIVE = 3600.0
-# The SDKs' own pool sizes (anthropic._constants and openai._constants hold the same numbers):
-# only the idle expiry is taskloom's choice.
-MAX_CONNECTIONS = 1000
-MAX_IDLE_CONNECTIONS = 100
 
 
-def keepalive_seconds(value: float | str | None = None) -> float:
-    """Seconds an idle connection is kept: `value`, else `TASKLOOM_HTTP_KEEPALIVE`, else 30.
-    Anything but a number of seconds in (0, 3600] is a `ModelConfigError` naming where it came from."""
-    where = "http_keepalive" if value is not None else KEEPALIVE_ENV
-    raw = value if value is not None else os.environ.get(KEEPALIVE_ENV, "").strip() or DEFAULT_KEEPALIVE
+def keepalive_seconds() -> float:
+    """Seconds an idle connection is kept: `TASKLOOM_HTTP_KEEPALIVE`, else 30. Anything but a number
+    of seconds in (0, 3600] is a `ModelConfigError` naming the variable."""
+    raw = os.environ.get(KEEPALIVE_ENV, "").strip() or str(DEFAULT_KEEPALIVE)
     try:
         seconds = float(raw)
-    except (TypeError, ValueError):
+    except ValueError:
         seconds = math.nan
     if not (0 < seconds <= MAX_KEEPALIVE):  # also refuses nan
         raise ModelConfigError(
-            f"{where}={raw!r} is not a keep-alive time: give the seconds an idle connection to the model's "
-            f"API stays open, more than 0 and at most {MAX_KEEPALIVE:g}"
+            f"{KEEPALIVE_ENV}={raw!r} is not a keep-alive time: give the seconds an idle connection to the "
+            f"model's API stays open, more than 0 and at most {MAX_KEEPALIVE:g}"
         )
     return seconds
 
 
-def connection_limits(value: float | str | None = None) -> httpx2.Limits:
-    """The SDKs' connection pool limits with taskloom's idle expiry (`keepalive_seconds`)."""
+def connection_limits(sdk_defaults: httpx2.Limits) -> httpx2.Limits:
+    """An SDK's own connection pool limits (`DEFAULT_CONNECTION_LIMITS`), its idle expiry replaced by
+    `keepalive_seconds`: only the expiry is taskloom's choice."""
     return httpx2.Limits(
-        max_connections=MAX_CONNECTIONS,
-        max_keepalive_connections=MAX_IDLE_CONNECTIONS,
-        keepalive_expiry=keepalive_seconds(value),
+        max_connections=sdk_defaults.max_connections,
+        max_keepalive_connections=sdk_defaults.max_keepalive_connections,
+        keepalive_expiry=keepalive_seconds(),
     )

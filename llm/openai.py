@@ -537,7 +537,7 @@ class OpenAIModel:
             "max_retries": max_retries,
             "timeout": httpx2.Timeout(timeout, connect=min(timeout, 5.0)),
             # Idle connections kept 30 s, not the SDK's 5 (llm.keepalive: a fleet's calls come in bursts).
-            "http_client": _RecordingClient(limits=connection_limits()),
+            "http_client": _RecordingClient(limits=connection_limits(openai.DEFAULT_CONNECTION_LIMITS)),
             "_strict_response_validation": strict_validation,
         }
         self._client: openai.AsyncOpenAI

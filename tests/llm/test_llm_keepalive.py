@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import anthropic
+import openai
 import pytest
 
 from llm import ModelRequest
@@ -42,9 +44,14 @@ async def _connections_after_pauses(model: ModelPort, server: FakeAnthropicServe
 def test_the_default_is_thirty_seconds_and_the_variable_sets_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(KEEPALIVE_ENV, raising=False)
     assert keepalive_seconds() == DEFAULT_KEEPALIVE == 30.0
-    assert connection_limits().keepalive_expiry == 30.0
+    assert connection_limits(anthropic.DEFAULT_CONNECTION_LIMITS).keepalive_expiry == 30.0
     monkeypatch.setenv(KEEPALIVE_ENV, " 90.5 ")
-    assert connection_limits().keepalive_expiry == 90.5
+    limits = connection_limits(openai.DEFAULT_CONNECTION_LIMITS)
+    assert limits.keepalive_expiry == 90.5
+    # The pool's sizes stay the SDK's own.
+    sdk = openai.DEFAULT_CONNECTION_LIMITS
+    assert limits.max_connections == sdk.max_connections
+    assert limits.max_keepalive_connections == sdk.max_keepalive_connections
     monkeypatch.setenv(KEEPALIVE_ENV, "")
     assert keepalive_seconds() == 30.0  # empty: unset
 
