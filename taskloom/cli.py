@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -1286,6 +1287,25 @@ def _arun(coro: Coroutine[Any, Any, T]) -> T:
         return eventloop.run(main(), loop)
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None  # main() exits 130, or 143 after SIGTERM
+
+
+def _one_line_summaries(typer_app: typer.Typer) -> None:
+    """Give every command a one-line summary for the command list of `--help`.
+
+    Typer's rich help lists each command with its docstring's first paragraph but keeps that
+    paragraph's line breaks (it rewraps only a command's own `--help`), so a summary wrapped in the
+    source printed as ragged half-lines. The summary is that paragraph with its breaks removed.
+    """
+    for info in typer_app.registered_commands:
+        doc = info.help or (inspect.getdoc(info.callback) if info.callback else None) or ""
+        if info.short_help is None and doc:
+            info.short_help = " ".join(doc.split("\n\n", 1)[0].split())
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
+
+
+_one_line_summaries(app)
 
 
 def _cwd_on_path() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 from pathlib import Path
 
 from helpers import live_redis_servers_under, run_cli
@@ -69,3 +71,34 @@ def test_events_cancel_and_wait_round_trip(subprocess_env: dict[str, str]) -> No
     assert res.returncode == 0 and json.loads(res.stdout)["changed"] is True
     res = run_cli("wait", gid, "--json", env=subprocess_env)
     assert res.returncode == 3 and json.loads(res.stdout)["state"] == "cancelled"
+
+
+def _command_rows(help_text: str) -> list[tuple[str, str]]:
+    """The Commands panel of `--help` as (command name or "", description column) rows."""
+    lines = help_text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("╭") and "Commands" in ln)
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("╰"))
+    inner = [ln[2:-2] for ln in lines[start + 1 : end]]  # without the box's "│ " and " │"
+    first_name = inner[0].split(" ", 1)[0]
+    width = len(inner[0]) - len(inner[0][len(first_name) :].lstrip(" "))  # where descriptions start
+    return [(row[:width].strip(), row[width:]) for row in inner]
+
+
+def test_the_command_list_wraps_each_summary_to_the_terminal() -> None:
+    """Each command's summary in `taskloom --help` (and `taskloom tenant --help`) fills every line before
+    it breaks: no line of a summary ends early because its docstring was wrapped in the source."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKLOOM_", "ANTHROPIC_"))}
+    env["COLUMNS"] = "80"
+    for args in (("--help",), ("tenant", "--help")):
+        res = run_cli(*args, env=env)
+        assert res.returncode == 0, res.stderr
+        rows = _command_rows(res.stdout)
+        assert len(rows) >= 2
+        desc_width = len(rows[0][1])
+        for (_, text), (next_name, next_text) in itertools.pairwise(rows):
+            if next_name:  # the next row starts another command
+                continue
+            first_word = next_text.split()[0]
+            assert len(text.rstrip()) + 1 + len(first_word) > desc_width, (
+                f"{args}: a summary line ends early: {text.rstrip()!r}, then {next_text.strip()!r}"
+            )
